@@ -1,0 +1,118 @@
+"""`compute_policy_loss`: the public entry point that turns log-probs into a loss and metrics."""
+
+from __future__ import annotations
+
+import torch
+
+from gspo_cli.algorithms.aggregation import DEFAULT_LOSS_AGG, LOSS_AGGREGATIONS, aggregate
+from gspo_cli.algorithms.losses import LOG_RATIO_CLAMP, POLICY_LOSSES, sequence_log_ratio
+
+
+def compute_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    algorithm: str,
+    clip_low: float,
+    clip_high: float,
+    loss_agg: str | None = None,
+    normalizer: float | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    group_size: int | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The policy-gradient loss of `algorithm` and its metrics.
+
+    Args:
+        logprobs: `[B, T]` log pi(y_t) under the policy being trained (with grad).
+        old_logprobs: `[B, T]` log pi_old(y_t) of the policy that sampled the responses.
+        advantages: `[B]` one per response, or `[B, T]` per token (GSPO-token, GRPO).
+        mask: `[B, T]` 1 on response tokens, 0 on prompt and padding.
+        algorithm: a registered loss: "gspo", "gspo_token" or "grpo".
+        clip_low, clip_high: eps_low and eps_high of the clip range [1-eps_low, 1+eps_high].
+        loss_agg: aggregation name; None is the paper's "seq_mean_token_mean".
+        normalizer: denominator shared by all micro-batches of one optimiser step (sequences
+            or tokens, see `loss_normalizer`); None normalises by this batch alone.
+        ref_logprobs: `[B, T]` reference-policy log-probs for the optional KL penalty.
+        kl_coef: weight of the KL penalty (k3 estimator); 0 disables it.
+        group_size: G; when given, the metrics include the share of zero-advantage groups.
+
+    Returns:
+        A 0-dim loss to minimise, and metrics (floats, computed without grad).
+    """
+    loss_fn = POLICY_LOSSES.get(algorithm)
+    agg = DEFAULT_LOSS_AGG if loss_agg is None else loss_agg
+    LOSS_AGGREGATIONS.get(agg)
+    if clip_low <= 0 or clip_high <= 0:
+        raise ValueError(f"clip ranges must be positive, got {clip_low}, {clip_high}")
+    if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape:
+        raise ValueError("logprobs, old_logprobs and mask must share one [B, T] shape")
+
+    mask = mask.to(logprobs.dtype)
+    old_logprobs = old_logprobs.detach()
+    token_adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    token_adv = token_adv.to(logprobs.dtype).expand_as(logprobs).detach()  # [B, T]
+
+    token_loss, ratio = loss_fn(logprobs, old_logprobs, token_adv, mask, clip_low, clip_high)
+    kl = None
+    if ref_logprobs is not None and kl_coef != 0.0:
+        kl = _k3_kl(logprobs, ref_logprobs.detach())  # [B, T]
+        token_loss = token_loss + kl_coef * kl
+    loss = aggregate(token_loss, mask, agg, normalizer)
+
+    metrics = _metrics(logprobs, old_logprobs, token_adv, mask, ratio, clip_low, clip_high)
+    if kl is not None:
+        metrics["kl"] = _masked_mean(kl.detach(), mask)
+    if group_size is not None and advantages.dim() == 1:
+        groups = advantages.detach().view(-1, group_size)  # [Q, G]
+        metrics["zero_adv_group_frac"] = (groups == 0).all(dim=1).float().mean().item()
+    return loss, metrics
+
+
+def _k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """`[B, T]` the k3 estimator of KL(pi || pi_ref): exp(d) - d - 1 with d = ref - pi."""
+    d = (ref_logprobs - logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return d.exp() - d - 1.0
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(((values * mask).sum() / mask.sum().clamp(min=1)).item())
+
+
+@torch.no_grad()
+def _metrics(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    token_adv: torch.Tensor,
+    mask: torch.Tensor,
+    ratio: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> dict[str, float]:
+    """Clip fractions (token-weighted, only where the clip binds) and ratio statistics."""
+    valid = mask > 0  # [B, T]
+    n_tokens = valid.sum().clamp(min=1).float()
+    clip_high_hit = (ratio > 1.0 + clip_high) & (token_adv > 0) & valid  # [B, T]
+    clip_low_hit = (ratio < 1.0 - clip_low) & (token_adv < 0) & valid  # [B, T]
+    log_w = (logprobs.detach() - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    token_ratio = log_w.exp()[valid]  # [n_tokens]
+    has_tokens = valid.any(dim=1)  # [B]
+    log_s = sequence_log_ratio(logprobs.detach(), old_logprobs, mask)[has_tokens]
+    seq_ratio = log_s.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()  # [B']
+    metrics = {
+        "clip_frac": float((clip_high_hit | clip_low_hit).sum() / n_tokens),
+        "clip_frac_low": float(clip_low_hit.sum() / n_tokens),
+        "clip_frac_high": float(clip_high_hit.sum() / n_tokens),
+        "zero_adv_seq_frac": float((token_adv * valid == 0).all(dim=1)[has_tokens].float().mean())
+        if has_tokens.any()
+        else 0.0,
+    }
+    for name, values in (("token_ratio", token_ratio), ("seq_ratio", seq_ratio)):
+        if values.numel() == 0:
+            continue
+        metrics[f"{name}_mean"] = float(values.mean())
+        metrics[f"{name}_min"] = float(values.min())
+        metrics[f"{name}_max"] = float(values.max())
+    return metrics

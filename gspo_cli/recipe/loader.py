@@ -1,0 +1,145 @@
+"""Load a recipe: YAML file (+ its `base:` chain) + `--set` overrides -> a validated Recipe.
+
+Precedence: schema defaults < base recipe(s) < the recipe < `--set` overrides.
+Every problem becomes one line naming the key path; `RecipeError` carries them all.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from gspo_cli.errors import GspoError
+from gspo_cli.recipe.schema import Recipe
+
+BASE_KEY = "base"
+
+
+class RecipeError(GspoError):
+    """One or more problems in a recipe; `problems` holds one line each."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__("\n".join(f"{source}: {p}" for p in problems))
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Read, merge and validate a recipe file; raise `RecipeError` on any problem."""
+    raw = load_recipe_dict(path)
+    for override in overrides or []:
+        apply_override(raw, override, str(path))
+    return validate_recipe(raw, str(path))
+
+
+def load_recipe_dict(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The recipe as a plain dict with its `base:` chain merged in (not yet validated)."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise RecipeError(str(path), ["file not found"])
+    resolved = file.resolve()
+    if resolved in _seen:
+        chain = " -> ".join(str(p) for p in (*_seen, resolved))
+        raise RecipeError(str(path), [f"{BASE_KEY}: recipes extend each other in a loop: {chain}"])
+    data = _read_yaml(file)
+    base = data.pop(BASE_KEY, None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise RecipeError(str(path), [f"{BASE_KEY}: must be a path to another recipe"])
+    base_file = (file.parent / base) if not Path(base).is_absolute() else Path(base)
+    if not base_file.is_file():
+        raise RecipeError(str(path), [f"{BASE_KEY}: file not found: {base}"])
+    return deep_merge(load_recipe_dict(base_file, (*_seen, resolved)), data)
+
+
+def _read_yaml(file: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise RecipeError(str(file), [f"{where}invalid YAML: {problem}"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(str(file), [f"cannot read: {exc}"]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RecipeError(str(file), ["a recipe must be a mapping of sections"])
+    return data
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Merge key by key: nested mappings merge, anything else in `override` replaces."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def apply_override(raw: dict[str, Any], override: str, source: str) -> None:
+    """Apply one `key.path=value` override in place; the value is parsed as YAML."""
+    key_path, sep, text = override.partition("=")
+    keys = key_path.strip().split(".")
+    if not sep or not all(keys):
+        raise RecipeError(source, [f"--set {override!r}: expected KEY.PATH=VALUE"])
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    node = raw
+    for depth, key in enumerate(keys[:-1]):
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            where = ".".join(keys[: depth + 1])
+            raise RecipeError(source, [f"--set {override!r}: {where} is not a section"])
+        node = child
+    node[keys[-1]] = value
+
+
+def validate_recipe(raw: dict[str, Any], source: str) -> Recipe:
+    try:
+        return Recipe.model_validate(raw)
+    except ValidationError as exc:
+        raise RecipeError(source, [_describe(err) for err in exc.errors()]) from None
+
+
+def _describe(err: Any) -> str:
+    loc = [str(part) for part in err["loc"]]
+    where = ".".join(loc) or "recipe"
+    if err["type"] == "extra_forbidden":
+        hint = _closest_field(loc)
+        return f"{where}: unknown key{hint}"
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] not in ("missing", "value_error") and not isinstance(err.get("input"), dict):
+        return f"{where}: {message} (got {err['input']!r})"
+    return f"{where}: {message}"
+
+
+def _closest_field(loc: list[str]) -> str:
+    """ "; did you mean 'x'?" for an unknown key, found among the fields of its section."""
+    model: type[BaseModel] | None = Recipe
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if model else None
+        annotation = field.annotation if field else None
+        model = (
+            annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel)
+            else None
+        )
+    if model is None:
+        return ""
+    match = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.5)
+    return (
+        f"; did you mean '{match[0]}'?"
+        if match
+        else f"; valid keys: {', '.join(model.model_fields)}"
+    )

@@ -1,0 +1,231 @@
+"""The recipe schema: the one and only definition of an experiment's configuration.
+
+Every field has a one-line description (shown by `gspo show --help`-style tooling and by
+validation errors). Unknown keys are errors; cross-field rules live in model validators.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+BUILTIN_PREFIX = "builtin:"
+LOCAL_DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".yaml", ".yml")
+
+
+def looks_local(path: str) -> bool:
+    """True when `path` is meant as a file on disk rather than a hub id or a built-in."""
+    return path.startswith(("/", "./", "../", "~")) or path.endswith(LOCAL_DATA_SUFFIXES)
+
+
+def check_exists(path: str | None) -> str | None:
+    """Reject a local path that does not exist (hub ids and built-ins pass through)."""
+    if path is None or path.startswith(BUILTIN_PREFIX) or not looks_local(path):
+        return path
+    if not Path(path).expanduser().exists():
+        raise ValueError(f"file not found: {path}")
+    return path
+
+
+# Paper clip ranges per algorithm, used when a recipe leaves clip_low / clip_high unset.
+DEFAULT_CLIP: dict[str, tuple[float, float]] = {
+    "gspo": (3e-4, 4e-4),
+    "gspo_token": (3e-4, 4e-4),
+    "grpo": (0.2, 0.27),
+}
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    path: str = Field(
+        "builtin:tiny-dense",
+        description="HF checkpoint folder or hub id, or builtin:tiny-dense / builtin:tiny-moe.",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training dtype.")
+    gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+    trust_remote_code: bool = Field(False, description="Allow custom modelling code from the hub.")
+
+    _path_exists = field_validator("path")(check_exists)
+
+
+class ArithmeticTaskConfig(Section):
+    num_train: int = Field(4000, ge=1, description="Problems in the built-in training split.")
+    num_eval: int = Field(200, ge=1, description="Problems in the built-in held-out split.")
+    min_ops: int = Field(1, ge=1, description="Fewest operations in one problem.")
+    max_ops: int = Field(2, ge=1, description="Most operations in one problem.")
+    max_operand: int = Field(20, ge=2, description="Operands are drawn from 0..max_operand.")
+    operators: str = Field("+-", min_length=1, description="Operators to draw from, of '+-*'.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ArithmeticTaskConfig:
+        if self.max_ops < self.min_ops:
+            raise ValueError(f"max_ops ({self.max_ops}) must be >= min_ops ({self.min_ops})")
+        if set(self.operators) - set("+-*"):
+            raise ValueError(f"operators must be drawn from '+-*', got {self.operators!r}")
+        return self
+
+
+class DataConfig(Section):
+    source: str = Field(
+        "builtin:arithmetic",
+        description="builtin:arithmetic, a local JSONL/JSON/Parquet file, or a datasets hub id.",
+    )
+    split: str = Field("train", description="Split to train on (files have only 'train').")
+    eval_source: str | None = Field(
+        None, description="Held-out data (same forms as source); None uses the built-in split."
+    )
+    eval_split: str = Field("test", description="Split of eval_source used for held-out accuracy.")
+    prompt_column: str = Field("prompt", description="Column holding the question.")
+    answer_column: str = Field("answer", description="Column holding the reference answer.")
+    prompt_template: str = Field(
+        "{prompt}\nPut the final answer in \\boxed{{}}.",
+        description="Format string applied to each question before the chat template.",
+    )
+    max_prompt_tokens: int = Field(256, ge=8, description="Longer prompts are dropped.")
+    arithmetic: ArithmeticTaskConfig = Field(
+        default_factory=ArithmeticTaskConfig, description="Knobs of builtin:arithmetic."
+    )
+    seed: int = Field(1234, description="Seed of the built-in task generator and shuffling.")
+
+    _paths_exist = field_validator("source", "eval_source")(check_exists)
+
+
+class RolloutConfig(Section):
+    engine: Literal["hf"] = Field("hf", description="Rollout engine: hf (transformers generate).")
+    num_prompts: int = Field(16, ge=1, description="Q: prompts sampled per RL step.")
+    group_size: int = Field(8, ge=2, description="G: responses sampled per prompt (>= 2).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables it.")
+    max_new_tokens: int = Field(64, ge=1, description="Responses are cut (truncated) here.")
+    use_engine_logprobs: bool = Field(
+        False, description="Use the rollout engine's log-probs as pi_old (skips one forward)."
+    )
+
+
+class RewardFunctionConfig(Section):
+    name: Literal["math"] = Field(description="Registered reward function.")
+    weight: float = Field(1.0, description="Weight of this reward in the sum.")
+
+
+class RewardConfig(Section):
+    functions: list[RewardFunctionConfig] = Field(
+        default_factory=lambda: [RewardFunctionConfig(name="math")],
+        min_length=1,
+        description="Reward functions, summed with their weights.",
+    )
+    num_workers: int = Field(2, ge=1, description="Processes that score completions.")
+    timeout_s: float = Field(5.0, gt=0, description="Per-completion timeout of the verifier.")
+
+
+class AlgorithmConfig(Section):
+    name: Literal["gspo", "gspo_token", "grpo"] = Field("gspo", description="Policy loss.")
+    clip_low: float | None = Field(
+        None, gt=0, description="eps_low; None takes the paper's (3e-4 GSPO, 0.2 GRPO)."
+    )
+    clip_high: float | None = Field(
+        None, gt=0, description="eps_high; None takes the paper's (4e-4 GSPO, 0.27 GRPO)."
+    )
+    loss_agg: Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"] = Field(
+        "seq_mean_token_mean", description="Loss aggregation (the paper's is the default)."
+    )
+    scale_advantages: bool = Field(True, description="Divide advantages by the group std.")
+    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the initial policy; 0 = off.")
+    minibatches: int = Field(4, ge=1, description="Optimiser steps per rollout batch.")
+
+    @model_validator(mode="after")
+    def _paper_clip_defaults(self) -> AlgorithmConfig:
+        low, high = DEFAULT_CLIP[self.name]
+        if self.clip_low is None:
+            self.clip_low = low
+        if self.clip_high is None:
+            self.clip_high = high
+        return self
+
+
+class OptimizerConfig(Section):
+    lr: float = Field(1e-6, gt=0, description="Peak AdamW learning rate.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up, in optimiser steps.")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Decay after warm-up."
+    )
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final lr as a share of lr.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
+
+
+class ColdStartConfig(Section):
+    enabled: bool = Field(False, description="Supervised fine-tuning on worked solutions first.")
+    steps: int = Field(300, ge=1, description="SFT optimiser steps.")
+    batch_size: int = Field(32, ge=1, description="Examples per SFT step.")
+    lr: float = Field(1e-3, gt=0, description="SFT learning rate (cosine decay, 5% warm-up).")
+
+
+class TrainerConfig(Section):
+    steps: int = Field(100, ge=1, description="RL steps (one rollout batch each).")
+    engine: Literal["torch"] = Field("torch", description="Training engine (plain torch).")
+    micro_batch_size: int = Field(
+        0, ge=0, description="Sequences per forward/backward; 0 = a whole minibatch at once."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to train.")
+    seed: int = Field(0, description="Seed of sampling, initialisation and shuffling.")
+    out_dir: str = Field("runs", description="Parent folder of run folders.")
+    checkpoint_every: int = Field(50, ge=1, description="Save a checkpoint every N steps.")
+    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept (oldest removed).")
+    log_samples: int = Field(2, ge=0, description="Completions written to samples.jsonl per step.")
+
+
+class EvalConfig(Section):
+    every: int = Field(25, ge=1, description="Held-out accuracy every N RL steps.")
+    num_problems: int = Field(100, ge=1, description="Held-out problems per evaluation.")
+    samples: int = Field(4, ge=1, description="Samples per held-out problem (avg@k).")
+    temperature: float | None = Field(
+        None, ge=0, description="Sampling temperature; None uses rollout.temperature, 0 greedy."
+    )
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="Response cap; None uses rollout.max_new_tokens."
+    )
+
+
+class LoggingConfig(Section):
+    wandb: bool = Field(False, description="Log metrics to Weights & Biases.")
+    wandb_project: str = Field("gspo-cli", description="wandb project.")
+    wandb_mode: Literal["online", "offline"] = Field("offline", description="wandb mode.")
+    console: Literal["rich", "plain"] = Field("rich", description="Progress display.")
+
+
+class Recipe(Section):
+    name: str = Field("run", min_length=1, description="Run name: the run folder's name.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Prompts and answers.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Reward functions.")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="The loss.")
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="AdamW.")
+    cold_start: ColdStartConfig = Field(default_factory=ColdStartConfig, description="SFT first.")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="The RL loop.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Outputs.")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Recipe:
+        batch = self.rollout.num_prompts * self.rollout.group_size
+        if batch % self.algorithm.minibatches != 0:
+            raise ValueError(
+                f"algorithm.minibatches ({self.algorithm.minibatches}) must divide the rollout "
+                f"batch rollout.num_prompts * rollout.group_size = {batch}"
+            )
+        mini = batch // self.algorithm.minibatches
+        micro = self.trainer.micro_batch_size
+        if micro and mini % micro != 0:
+            raise ValueError(
+                f"trainer.micro_batch_size ({micro}) must divide the minibatch size ({mini})"
+            )
+        return self

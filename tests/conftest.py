@@ -1,0 +1,34 @@
+"""Shared test fixtures: the repository root, the shared benchmark folder, a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("GSPO_SHARED", REPO.parent / "shared"))
+
+
+@pytest.fixture
+def shared() -> Path:
+    if not SHARED.is_dir():
+        pytest.skip(f"../shared not found at {SHARED}")
+    return SHARED
+
+
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """Run the real `gspo` entry point in a subprocess, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "gspo_cli.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd or REPO,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200"},
+    )

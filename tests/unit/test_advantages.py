@@ -1,0 +1,38 @@
+import pytest
+import torch
+
+from gspo_cli.algorithms import ADVANTAGE_STD_EPS, group_advantages
+
+
+def test_matches_eq6_per_group() -> None:
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.2, 0.9, 0.1])
+    adv = group_advantages(rewards, 4)
+    for g in range(2):
+        r = rewards[4 * g : 4 * g + 4]
+        expected = (r - r.mean()) / (r.std(unbiased=False) + ADVANTAGE_STD_EPS)
+        torch.testing.assert_close(adv[4 * g : 4 * g + 4], expected)
+
+
+def test_mean_only_option_skips_std() -> None:
+    rewards = torch.tensor([3.0, 1.0, 2.0, 2.0])
+    torch.testing.assert_close(
+        group_advantages(rewards, 2, scale=False), torch.tensor([1.0, -1.0, 0.0, 0.0])
+    )
+
+
+@pytest.mark.parametrize("value", [0.0, 1.0, 0.1, 1 / 3])
+def test_equal_reward_groups_are_exactly_zero(value: float) -> None:
+    rewards = torch.tensor([value] * 7 + [0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0])
+    adv = group_advantages(rewards, 7)
+    assert torch.equal(adv[:7], torch.zeros(7))
+    assert (adv[7:] != 0).all()
+
+
+def test_two_sample_group_gives_plus_minus_one() -> None:
+    adv = group_advantages(torch.tensor([1.0, 0.0]), 2)
+    torch.testing.assert_close(adv, torch.tensor([1.0, -1.0]), atol=1e-5, rtol=0)
+
+
+def test_rejects_ragged_groups() -> None:
+    with pytest.raises(ValueError, match="groups of 4"):
+        group_advantages(torch.zeros(6), 4)
