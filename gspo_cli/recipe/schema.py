@@ -109,7 +109,7 @@ class RolloutConfig(Section):
 
 
 class RewardFunctionConfig(Section):
-    name: Literal["math"] = Field(description="Registered reward function.")
+    name: Literal["math", "code"] = Field(description="Registered reward function: math or code.")
     weight: float = Field(1.0, description="Weight of this reward in the sum.")
 
 

@@ -1,0 +1,7 @@
+"""Rewards: plain functions fn(completions, **dataset_columns) -> list[float], by name."""
+
+from gspo_cli.rewards.extract import last_boxed
+from gspo_cli.rewards.math_verifier import MathVerifierPool, check_answer, math_reward
+from gspo_cli.rewards.registry import REWARDS, RewardFn
+
+__all__ = ["REWARDS", "MathVerifierPool", "RewardFn", "check_answer", "last_boxed", "math_reward"]

@@ -1,0 +1,105 @@
+"""Math reward: the last \\boxed{} answer checked against the reference with Math-Verify.
+
+Math-Verify times out with signals, which only work in a process's main thread, so checks run
+in a pool of worker processes. A check that still hangs past the outer deadline scores 0 and the
+pool is replaced: a bad answer never stops training.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from gspo_cli.rewards.extract import last_boxed
+from gspo_cli.rewards.registry import REWARDS
+
+# The outer deadline allows Math-Verify's own parse + verify timeouts to fire first.
+OUTER_DEADLINE_FACTOR = 3.0
+
+
+def check_answer(completion: str, gold: str, timeout_s: float = 5.0) -> float:
+    """1.0 when the last boxed answer of `completion` equals `gold`, else 0.0 (main thread only)."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    answer = last_boxed(completion)
+    if answer is None:
+        return 0.0
+    timeout = max(1, int(timeout_s))
+    try:
+        gold_parsed = parse(
+            f"${gold}$",
+            [LatexExtractionConfig(), ExprExtractionConfig()],
+            parsing_timeout=timeout,
+        )
+        pred_parsed = parse(f"\\boxed{{{answer}}}", parsing_timeout=timeout)
+        if not gold_parsed or not pred_parsed:
+            return 0.0
+        return 1.0 if verify(gold_parsed, pred_parsed, timeout_seconds=timeout) else 0.0
+    except Exception:  # Math-Verify raises on pathological input; that is a wrong answer.
+        return 0.0
+
+
+class MathVerifierPool:
+    """A process pool that scores completions with `check_answer`, surviving hung workers."""
+
+    def __init__(self, num_workers: int = 2, timeout_s: float = 5.0) -> None:
+        self.num_workers = num_workers
+        self.timeout_s = timeout_s
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            ctx = mp.get_context("spawn")  # fork after torch threads start is unsafe
+            self._pool = ProcessPoolExecutor(self.num_workers, mp_context=ctx)
+        return self._pool
+
+    def score(self, completions: list[str], answers: list[str]) -> list[float]:
+        if len(completions) != len(answers):
+            raise ValueError(f"{len(completions)} completions but {len(answers)} answers")
+        futures = [
+            self._executor().submit(check_answer, c, str(a), self.timeout_s)
+            for c, a in zip(completions, answers, strict=True)
+        ]
+        deadline = self.timeout_s * OUTER_DEADLINE_FACTOR + 5.0
+        scores: list[float] = []
+        for future in futures:
+            try:
+                scores.append(future.result(timeout=deadline))
+            except (FutureTimeout, BrokenProcessPool):
+                scores.append(0.0)
+                self._restart()
+        return scores
+
+    def _restart(self) -> None:
+        if self._pool is not None:
+            for proc in list(getattr(self._pool, "_processes", {}).values()):
+                proc.kill()  # a hung worker ignores shutdown
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+_default_pool: MathVerifierPool | None = None
+
+
+def default_math_pool(num_workers: int = 2, timeout_s: float = 5.0) -> MathVerifierPool:
+    """The shared verifier pool (created on first use, closed at exit)."""
+    global _default_pool
+    if _default_pool is None:
+        _default_pool = MathVerifierPool(num_workers, timeout_s)
+        atexit.register(_default_pool.close)
+    return _default_pool
+
+
+@REWARDS.register("math")
+def math_reward(completions: list[str], answer: list[Any], **_: Any) -> list[float]:
+    """1.0 for each completion whose last \\boxed{} matches its reference `answer`, else 0.0."""
+    return default_math_pool().score(completions, [str(a) for a in answer])
