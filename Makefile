@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: setup test lint fmt typecheck bench quickstart clean
+.PHONY: sandbox-deps
 
 $(BIN)/gspo: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +15,15 @@ $(BIN)/gspo: pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev,deepspeed]"
 	touch $(BIN)/gspo
 
-setup: $(BIN)/gspo
+setup: sandbox-deps $(BIN)/gspo
+
+# The code reward sandboxes programs with bubblewrap when it can. Install it as root when
+# missing; never fail the build (the sandbox falls back to weaker isolation and says so).
+sandbox-deps:
+	@if ! command -v bwrap >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap) \
+			>/dev/null 2>&1 || echo "sandbox-deps: could not install bubblewrap (continuing)"; \
+	fi; true
 
 lint: setup
 	$(BIN)/ruff check gspo_cli tests benchmarks

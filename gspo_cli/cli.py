@@ -54,12 +54,51 @@ def show(recipe: RecipeArg, set_: SetOpt = None) -> None:
     typer.echo(dump_recipe_yaml(resolved), nl=False)
 
 
+OutOpt = Annotated[
+    Path | None, typer.Option("--out", help="Run folder (default: trainer.out_dir/NAME).")
+]
+
+
+@app.command()
+def train(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    out: OutOpt = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue a stopped run.")] = False,
+) -> None:
+    """Run RL training (cold start first when the recipe enables it)."""
+    from gspo_cli.train.loop import train as run_training
+
+    resolved = load_recipe(recipe, set_)
+    console.print(f"[bold]gspo train[/bold] {_summary(resolved)}", highlight=False)
+    run_training(resolved, dump_recipe_yaml(resolved), out=out, resume=resume, console=console)
+
+
+@app.command()
+def sft(recipe: RecipeArg, set_: SetOpt = None, out: OutOpt = None) -> None:
+    """Only the cold start: fine-tune on worked solutions and save an HF checkpoint."""
+    from gspo_cli.train.loop import run_sft_only
+
+    resolved = load_recipe(recipe, set_)
+    run_sft_only(resolved, dump_recipe_yaml(resolved), out=out, console=console)
+
+
 def dump_recipe_yaml(recipe: Recipe) -> str:
     return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
 
 
+def _quiet_libraries() -> None:
+    """Our own progress display replaces the libraries' bars and info logs."""
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
 def main() -> None:
     """Console-script entry: user errors become one line per problem and exit code 2."""
+    _quiet_libraries()
     try:
         app()  # Typer/click handle usage errors themselves (exit 2).
     except RecipeError as exc:

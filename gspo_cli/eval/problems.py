@@ -1,0 +1,357 @@
+"""The uniform problem record and the row parsers that build it from each data format.
+
+Every parser takes one data row (a dict, after column renaming) and its position, and returns a
+`Problem`; a row it cannot use raises ValueError, which the loader turns into a GspoError naming
+the file and row.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from typing import Any, Literal
+
+from gspo_cli.eval.loaders import CodeTests, merge_tests, parse_tests
+
+Kind = Literal["math", "code"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One benchmark problem.
+
+    Maths problems have `answer` (the gold answer text, normalised per benchmark); code problems
+    have `tests` (LiveCodeBench form) and, for call-based problems, `starter_code`. The optional
+    fields are filled when the data has them; everything else a row carries that may matter
+    (solution, subject, time limit, source file) goes to `metadata`.
+    """
+
+    id: str
+    benchmark: str
+    kind: Kind
+    question: str
+    answer: str | None = None
+    tests: CodeTests | None = None
+    starter_code: str = ""
+    contest_date: date | None = None
+    difficulty: str | None = None
+    rating: int | None = None
+    platform: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+RowParser = Callable[[Mapping[str, Any], int, str], Problem]
+
+
+def first(row: Mapping[str, Any], *names: str) -> Any:
+    """The value of the first of `names` present (and not None) in `row`, else None."""
+    for name in names:
+        if row.get(name) is not None:
+            return row[name]
+    return None
+
+
+def _text(row: Mapping[str, Any], *names: str) -> str:
+    value = first(row, *names)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"no text in any of the columns {list(names)}; has {sorted(row)}")
+    return value
+
+
+def _level(value: Any) -> str | None:
+    """A difficulty as text: 2.0 -> "2", "Level 3" -> "3", "easy" stays "easy"."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    match = re.fullmatch(r"Level (\d+)", str(value))
+    return match.group(1) if match else str(value)
+
+
+def _to_date(value: Any) -> date | None:
+    """A contest date from an ISO string ("2023-08-21T00:00:00"), a datetime or a date."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return value.date()
+    if isinstance(value, date):
+        return value
+    try:
+        return datetime.fromisoformat(str(value)).date()
+    except ValueError:
+        raise ValueError(f"contest date {value!r} is not an ISO date") from None
+
+
+def _rating(value: Any) -> int | None:
+    """A problem rating; 0 / missing means unknown (deepmind/code_contests uses 0)."""
+    if value is None or value == "":
+        return None
+    rating = int(value)
+    return rating if rating > 0 else None
+
+
+# ----------------------------------------------------------------------------- maths
+
+_AIME_URL = re.compile(r"(\d{4})_AIME_(I{1,2})_Problems/Problem_(\d+)")
+
+
+def aime_answer(value: Any) -> str:
+    """AIME answers are integers 0..999; "025" and 25 both become "25"."""
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"AIME answer {value!r} is not an integer") from None
+    if not 0 <= number <= 999:
+        raise ValueError(f"AIME answer {number} is outside 0..999")
+    return str(number)
+
+
+def _aime_id(row: Mapping[str, Any], index: int, benchmark: str) -> str:
+    """ "2024-I-1" from the AoPS url or year/aime_number/problem_number, else the row's id."""
+    match = _AIME_URL.search(str(row.get("url") or ""))
+    if match:
+        return f"{match.group(1)}-{match.group(2)}-{match.group(3)}"
+    if all(row.get(k) is not None for k in ("year", "aime_number", "problem_number")):
+        number = int(row["problem_number"]) or 15  # deepscaler's copy numbers problem 15 as 0
+        return f"{row['year']}-{'I' * int(row['aime_number'])}-{number}"
+    raw = first(row, "id", "unique_id")
+    return str(raw) if raw is not None else f"{benchmark}-{index}"
+
+
+def parse_aime(row: Mapping[str, Any], index: int, benchmark: str) -> Problem:
+    """AIME rows: problem/question text and an integer answer (leading zeros dropped)."""
+    return Problem(
+        id=_aime_id(row, index, benchmark),
+        benchmark=benchmark,
+        kind="math",
+        question=_text(row, "question", "problem", "Problem"),
+        answer=aime_answer(first(row, "answer", "Answer")),
+        difficulty=_level(row.get("difficulty")),
+        metadata=_extra(row, "solution", "url", "year"),
+    )
+
+
+def _extra(row: Mapping[str, Any], *names: str) -> dict[str, Any]:
+    return {n: row[n] for n in names if row.get(n) not in (None, "")}
+
+
+def _math_subject(row: Mapping[str, Any]) -> str | None:
+    subject = row.get("subject")
+    if subject:
+        return str(subject)
+    match = re.match(r"test/([^/]+)/", str(row.get("unique_id") or ""))
+    return match.group(1) if match else None
+
+
+def parse_math500(row: Mapping[str, Any], index: int, benchmark: str) -> Problem:
+    """MATH-500 rows: problem, answer (LaTeX), level and unique_id ("test/<subject>/N.json")."""
+    answer = first(row, "answer")
+    if answer is None or str(answer).strip() == "":
+        raise ValueError("no answer")
+    subject = _math_subject(row)
+    meta = _extra(row, "solution") | ({"subject": subject} if subject else {})
+    return Problem(
+        id=str(first(row, "unique_id", "id") or f"{benchmark}-{index}"),
+        benchmark=benchmark,
+        kind="math",
+        question=_text(row, "problem", "question"),
+        answer=str(answer),
+        difficulty=_level(first(row, "level", "difficulty")),
+        metadata=meta,
+    )
+
+
+def gsm8k_answer(text: str) -> tuple[str, str]:
+    """(final answer, worked solution) from a GSM8K answer "... #### 1,234" -> "1234"."""
+    solution, sep, final = text.rpartition("####")
+    if not sep:  # some copies keep only the final number
+        solution, final = "", text
+    final = final.strip().replace(",", "")
+    if not final:
+        raise ValueError(f"empty GSM8K answer in {text[-60:]!r}")
+    return final, solution.strip()
+
+
+def parse_gsm8k(row: Mapping[str, Any], index: int, benchmark: str) -> Problem:
+    """GSM8K rows: question and the answer after "####" (thousands separators removed)."""
+    final, solution = gsm8k_answer(_text(row, "answer"))
+    raw_id = first(row, "idx", "id")
+    return Problem(
+        id=str(raw_id) if raw_id is not None else f"{benchmark}-{index}",
+        benchmark=benchmark,
+        kind="math",
+        question=_text(row, "question", "problem"),
+        answer=final,
+        metadata={"solution": solution} if solution else {},
+    )
+
+
+# ----------------------------------------------------------------------------- LiveCodeBench
+
+_LCB_QUESTION = re.compile(r"### Question:\n(.*?)\n\n### Format:", re.S)
+_LCB_STARTER = re.compile(
+    r"### Format: You will use the following starter code.*?\n```python\n(.*?)\n```\n\n### Answer:",
+    re.S,
+)
+
+
+def split_lcb_prompt(prompt: str) -> tuple[str, str]:
+    """(question, starter code) recovered from a prompt in the LiveCodeBench format."""
+    match = _LCB_QUESTION.search(prompt)
+    if not match:
+        raise ValueError("prompt is not in the LiveCodeBench '### Question:' format")
+    starter = _LCB_STARTER.search(prompt)
+    return match.group(1), starter.group(1) if starter else ""
+
+
+def _lcb_hub_tests(row: Mapping[str, Any]) -> CodeTests:
+    """public_test_cases + private_test_cases (JSON or compressed), fn_name from metadata."""
+    meta = row.get("metadata") or {}
+    meta = json.loads(meta) if isinstance(meta, str) else meta
+    parts = [parse_tests(row["public_test_cases"])]
+    if row.get("private_test_cases"):
+        parts.append(parse_tests(row["private_test_cases"]))
+    return merge_tests(*parts, fn_name=meta.get("func_name") or None)
+
+
+def _lcb_fields(row: Mapping[str, Any]) -> tuple[str, str, str, CodeTests]:
+    """(id, question, starter code, tests) from any of the three LCB row shapes."""
+    if "question_content" in row:  # the hub / lcb_runner release files
+        qid = str(first(row, "question_id", "id"))
+        starter = str(row.get("starter_code") or "")
+        return qid, _text(row, "question_content"), starter, _lcb_hub_tests(row)
+    labels = row.get("labels") or {}
+    labels = json.loads(labels) if isinstance(labels, str) else labels
+    qid = str(first(row, "task_id") or labels.get("task_id") or first(row, "id"))
+    question, starter = split_lcb_prompt(_text(row, "content", "prompt"))
+    tests = parse_tests(row.get("test", row))  # SandboxFusion, or the decoded copy itself
+    return qid, question, starter, tests
+
+
+def parse_livecodebench(row: Mapping[str, Any], index: int, benchmark: str) -> Problem:
+    """LiveCodeBench rows: hub release files, SandboxFusion samples or their decoded copy."""
+    qid, question, starter, tests = _lcb_fields(row)
+    labels = row.get("labels") or {}
+    labels = json.loads(labels) if isinstance(labels, str) else labels
+    platform = first(row, "platform", "category") or labels.get("category")
+    return Problem(
+        id=qid,
+        benchmark=benchmark,
+        kind="code",
+        question=question,
+        tests=tests,
+        starter_code=starter,
+        contest_date=_to_date(row.get("contest_date")),
+        difficulty=_level(first(row, "difficulty") or labels.get("difficulty")),
+        platform=str(platform) if platform else None,
+        metadata=_extra(row, "question_title", "contest_id"),
+    )
+
+
+# ----------------------------------------------------------------------------- Codeforces
+
+# deepmind/code_contests enums (source); the SandboxFusion copy spells them out.
+_CC_SOURCES = {1: "codechef", 2: "codeforces", 3: "hackerearth", 4: "codejam", 5: "atcoder"}
+_LIMITS = re.compile(r"Time Limit: (\d+) ms\s*\nMemory Limit: (\d+) MB")
+
+
+def _code_contests_id(name: str, platform: str) -> tuple[str, str | None]:
+    """("codeforces/1000_A", "A") from "1000_A. Codehorses T-shirts"; other sources keep name."""
+    match = re.match(r"(\d+)_([A-Z]\d?)\. ", name)
+    if platform == "codeforces" and match:
+        return f"codeforces/{match.group(1)}_{match.group(2)}", match.group(2)
+    return f"{platform}/{name.strip()}", None
+
+
+def _parse_code_contests(row: Mapping[str, Any], benchmark: str) -> Problem:
+    if "labels" in row:  # SandboxFusion: statement in content, JSON labels and tests
+        labels = row["labels"]
+        labels = json.loads(labels) if isinstance(labels, str) else labels
+        platform, name = str(labels.get("source", "")).lower(), str(labels.get("name", ""))
+        question, tests = _text(row, "content"), parse_tests(row["test"])
+        difficulty, rating = labels.get("difficulty"), None
+    else:  # deepmind/code_contests: public + private + generated tests, CF metadata
+        platform = _CC_SOURCES.get(int(row.get("source") or 0), "unknown")
+        name, question = str(row["name"]), _text(row, "description")
+        keys = ("public_tests", "private_tests", "generated_tests")
+        tests = merge_tests(*(parse_tests(row[k]) for k in keys if row.get(k)))
+        difficulty, rating = row.get("cf_index"), _rating(row.get("cf_rating"))
+    pid, index = _code_contests_id(name, platform)
+    return Problem(
+        id=pid,
+        benchmark=benchmark,
+        kind="code",
+        question=question,
+        tests=tests,
+        difficulty=_level(index or difficulty),
+        rating=rating,
+        platform=platform,
+        metadata={"name": name, "source": "code_contests"},
+    )
+
+
+def _parse_codeelo(row: Mapping[str, Any], index: int, benchmark: str) -> Problem:
+    """rllm's CodeElo copy: statement (with tags and limits) and sample tests only."""
+    question = _text(row, "problem")
+    meta: dict[str, Any] = {"source": "codeelo", "sample_tests_only": True}
+    limits = _LIMITS.search(question)
+    if limits:
+        meta["time_limit_s"] = int(limits.group(1)) / 1000
+        meta["memory_limit_mb"] = int(limits.group(2))
+    return Problem(
+        id=str(row.get("id") or f"codeelo-{index}"),
+        benchmark=benchmark,
+        kind="code",
+        question=question.strip(),
+        tests=parse_tests(row["tests"]),
+        rating=_rating(row.get("rating")),
+        platform="codeforces",
+        metadata=meta,
+    )
+
+
+def parse_codeforces(row: Mapping[str, Any], index: int, benchmark: str) -> Problem:
+    """Codeforces-style rows: CodeContests (SandboxFusion or deepmind) or rllm's CodeElo copy."""
+    if "problem" in row and "tests" in row:
+        return _parse_codeelo(row, index, benchmark)
+    if "labels" in row or "public_tests" in row:
+        return _parse_code_contests(row, benchmark)
+    raise ValueError(f"not a CodeContests or CodeElo row; has {sorted(row)}")
+
+
+# ----------------------------------------------------------------------------- custom
+
+CUSTOM_FIELDS = (
+    "id",
+    "question",
+    "answer",
+    "tests",
+    "starter_code",
+    "contest_date",
+    "difficulty",
+    "rating",
+)
+
+
+def parse_custom(row: Mapping[str, Any], index: int, benchmark: str) -> Problem:
+    """Any file whose columns were renamed to CUSTOM_FIELDS: `tests` makes it code, else maths."""
+    tests = parse_tests(row["tests"]) if row.get("tests") is not None else None
+    answer = row.get("answer")
+    if tests is None and (answer is None or str(answer).strip() == ""):
+        raise ValueError(f"needs an 'answer' or 'tests' column (map one); has {sorted(row)}")
+    raw_id = row.get("id")
+    return Problem(
+        id=str(raw_id) if raw_id is not None else f"{benchmark}-{index}",
+        benchmark=benchmark,
+        kind="code" if tests is not None else "math",
+        question=_text(row, "question", "problem", "prompt"),
+        answer=None if tests is not None else str(answer),
+        tests=tests,
+        starter_code=str(row.get("starter_code") or ""),
+        contest_date=_to_date(row.get("contest_date")),
+        difficulty=_level(row.get("difficulty")),
+        rating=_rating(row.get("rating")),
+    )

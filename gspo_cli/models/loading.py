@@ -1,0 +1,48 @@
+"""Load the policy: an HF checkpoint (folder or hub id) or a built-in tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from gspo_cli.errors import GspoError
+from gspo_cli.models.builtin import create_builtin
+from gspo_cli.recipe.schema import BUILTIN_PREFIX
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def load_policy(
+    path: str, *, dtype: str = "float32", seed: int = 0, trust_remote_code: bool = False
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model and its tokenizer; a problem becomes one GspoError line naming the path."""
+    if path.startswith(BUILTIN_PREFIX):
+        try:
+            model, tokenizer = create_builtin(path.removeprefix(BUILTIN_PREFIX), seed)
+        except KeyError as exc:
+            raise GspoError(f"model.path: {exc}") from None
+        return model.to(DTYPES[dtype]), tokenizer
+    local = Path(path).expanduser()
+    if path.startswith(("/", ".", "~")) and not local.exists():
+        raise GspoError(f"model.path: no such folder: {path}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(local) if local.exists() else path)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(local) if local.exists() else path,
+            dtype=DTYPES[dtype],
+            trust_remote_code=trust_remote_code,
+        )
+    except (OSError, ValueError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise GspoError(f"model.path: cannot load {path!r}: {first}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return model, tokenizer

@@ -1,0 +1,193 @@
+"""Which isolation the machine allows, probed once at runtime, and the command for each mode.
+
+Modes, strongest first:
+- ``bwrap``: bubblewrap; new network, pid, ipc and uts namespaces, a read-only /usr, a private
+  /tmp and only the run's box writable.
+- ``unshare``: util-linux unshare; new network, pid, ipc, uts and mount namespaces, but the host
+  filesystem stays visible: files are guarded by the private uid and the Python audit hook.
+- ``rlimits``: no namespaces at all; rlimits, a process group, a scrubbed environment, a private
+  uid when root, and the audit hook (which native code could bypass) for network and files.
+
+``GSPO_SANDBOX_ISOLATION`` forces a mode, e.g. to test the fallbacks.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MODES = ("bwrap", "unshare", "rlimits")
+ENV_VAR = "GSPO_SANDBOX_ISOLATION"
+# Private uids for root's runs; far above real accounts and subuid ranges.
+UID_BASE = 2_100_000_000
+UID_SLOTS = 512
+PYTHON_CANDIDATES = ("/usr/bin/python3", "/usr/local/bin/python3")
+
+
+def _world_readable(path: str) -> bool:
+    """True when any uid may execute `path` (every parent directory searchable)."""
+    p = Path(path).resolve()
+    if not p.is_file() or not os.stat(p).st_mode & 0o005 == 0o005:
+        return False
+    return all(os.stat(parent).st_mode & 0o001 for parent in p.parents)
+
+
+@cache
+def child_python() -> str:
+    """The interpreter for programs: ours if every uid can run it, else the system one.
+
+    Programs run stdlib-only; a private uid cannot enter e.g. /root/.pyenv.
+    """
+    ours = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    if os.getuid() != 0 or _world_readable(ours):
+        return ours
+    for candidate in PYTHON_CANDIDATES:
+        if _world_readable(candidate):
+            return os.path.realpath(candidate)
+    log.warning("code sandbox: no world-readable python found; programs may fail to import")
+    return ours
+
+
+def python_prefix(python: str) -> str:
+    """The install root of `python` (…/bin/python3 -> …)."""
+    return str(Path(python).parent.parent)
+
+
+def _bwrap_fs_args(python: str) -> list[str]:
+    """A minimal read-only root: /usr (and merged-usr links), the interpreter, /proc, /dev."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "lib", "lib32", "lib64", "sbin"):
+        top = Path("/") / name
+        if top.is_symlink():
+            args += ["--symlink", os.readlink(top), str(top)]
+        elif top.is_dir():
+            args += ["--ro-bind", str(top), str(top)]
+    prefix = python_prefix(python)
+    if not prefix.startswith("/usr"):
+        args += ["--ro-bind", prefix, prefix]
+    return [*args, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+
+
+def wrapper_command(mode: str, box: Path, judge: Path) -> list[str]:
+    """The argv prefix that wraps the harness for `mode` (empty for rlimits)."""
+    root = os.getuid() == 0
+    if mode == "bwrap":
+        ns = ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        ns += ["--unshare-cgroup-try"] if root else ["--unshare-user"]
+        caps = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if root else []
+        return [
+            "bwrap", *ns, "--die-with-parent", "--new-session", *caps,
+            *_bwrap_fs_args(child_python()),
+            "--bind", str(box), "/box", "--bind", str(judge), "/judge", "--chdir", "/box",
+        ]  # fmt: skip
+    if mode == "unshare":
+        user = [] if root else ["--map-root-user"]
+        return [
+            "unshare", *user, "--net", "--pid", "--fork", "--kill-child", "--mount-proc",
+            "--ipc", "--uts", "--",
+        ]  # fmt: skip
+    return []
+
+
+def paths_in_sandbox(mode: str, box: Path, judge: Path) -> tuple[str, str]:
+    """(box, judge) as the harness sees them."""
+    return ("/box", "/judge") if mode == "bwrap" else (str(box), str(judge))
+
+
+@cache
+def _probe(mode: str) -> str | None:
+    """None when `mode` runs a trivial program here, else why not."""
+    tool = {"bwrap": "bwrap", "unshare": "unshare"}.get(mode)
+    if tool and shutil.which(tool) is None:
+        return f"{tool} is not installed"
+    with tempfile.TemporaryDirectory(prefix="gspo-probe-") as tmp:
+        box, judge = Path(tmp, "box"), Path(tmp, "judge")
+        box.mkdir()
+        judge.mkdir()
+        argv = [*wrapper_command(mode, box, judge), child_python(), "-I", "-c", "print('ok')"]
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=20, cwd=box, env={})
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{tool} failed to start: {exc}"
+    if done.returncode != 0 or done.stdout.strip() != b"ok":
+        reason = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        return f"{tool} does not work here ({reason[0][:160]})"
+    return None
+
+
+@cache
+def available_modes() -> tuple[str, ...]:
+    """Every mode that works on this machine, strongest first (rlimits always works)."""
+    return tuple(m for m in MODES if m == "rlimits" or _probe(m) is None)
+
+
+@cache
+def detect_mode() -> str:
+    """The mode to use: forced by GSPO_SANDBOX_ISOLATION, else the strongest that works.
+
+    Warns once, naming what is missing, when anything weaker than bubblewrap is used.
+    """
+    forced = os.environ.get(ENV_VAR, "").strip()
+    if forced:
+        if forced not in MODES:
+            raise ValueError(f"{ENV_VAR}={forced!r}; expected one of {', '.join(MODES)}")
+        problem = None if forced == "rlimits" else _probe(forced)
+        if problem is None:
+            if forced != "bwrap":
+                log.warning("code sandbox: %s isolation forced by %s", forced, ENV_VAR)
+            return forced
+        log.warning("code sandbox: forced mode %s unusable: %s", forced, problem)
+    missing = [p for m in ("bwrap", "unshare") if (p := _probe(m))]
+    mode = next(m for m in MODES if m == "rlimits" or _probe(m) is None)
+    if mode == "unshare":
+        log.warning(
+            "code sandbox: WEAKER isolation (unshare namespaces, no filesystem namespace; "
+            "host files guarded by uid and a Python audit hook) because %s. "
+            "Install bubblewrap (`make sandbox-deps`).",
+            "; ".join(missing),
+        )
+    elif mode == "rlimits":
+        log.warning(
+            "code sandbox: WEAKEST isolation (rlimits + process group + scrubbed env; network "
+            "and host files blocked only by a Python audit hook that native code can bypass) "
+            "because %s.",
+            "; ".join(missing),
+        )
+    return mode
+
+
+@contextmanager
+def private_uid() -> Iterator[int | None]:
+    """A uid no other run holds (flock across threads and processes); None unless root.
+
+    A private uid makes RLIMIT_NPROC bind (uid 0 is exempt) and lets cleanup kill by uid.
+    """
+    if os.getuid() != 0:
+        yield None
+        return
+    lock_dir = Path(tempfile.gettempdir(), "gspo-sandbox-uids")
+    lock_dir.mkdir(mode=0o700, exist_ok=True)
+    for slot in range(UID_SLOTS):
+        fd = os.open(lock_dir / f"{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        try:
+            yield UID_BASE + slot
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
+        return
+    raise RuntimeError(f"code sandbox: all {UID_SLOTS} private uids are busy")

@@ -1,0 +1,42 @@
+"""The rollout-engine interface: every generation backend (HF now, vLLM later) fits it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    max_new_tokens: int = 64
+    num_samples: int = 1  # responses per prompt (G)
+
+
+@dataclass
+class RolloutBatch:
+    """N = len(prompts) * num_samples responses, ordered prompt by prompt (group by group)."""
+
+    prompt_ids: list[list[int]]  # N prompts' token ids (each repeated num_samples times)
+    completion_ids: list[list[int]]  # N responses' token ids, EOS included when generated
+    completion_logprobs: list[torch.Tensor]  # N tensors [len_i]: sampling log-probs at temperature
+    texts: list[str]  # N decoded responses, special tokens removed
+    truncated: list[bool]  # N: True when max_new_tokens was hit before EOS
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return sum(len(c) for c in self.completion_ids)
+
+
+class RolloutEngine(Protocol):
+    """Generates G responses per prompt with the current policy weights."""
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch: ...
+
+    def sync_weights(self) -> None:
+        """Make the next `generate` use the trainer's latest weights (no-op when shared)."""
+        ...

@@ -1,0 +1,1 @@
+"""Training: the RL loop, cold-start SFT, engines, checkpoints and the run folder."""

@@ -1,0 +1,67 @@
+"""Turn a rollout into padded training tensors: [left-padded prompt | right-padded response]."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from gspo_cli.rollout.base import RolloutBatch
+
+
+class TrainBatch(NamedTuple):
+    input_ids: torch.Tensor  # [N, P + T] prompt left-padded to P, response right-padded to T
+    attention_mask: torch.Tensor  # [N, P + T] 1 on real tokens
+    position_ids: torch.Tensor  # [N, P + T] positions that skip left padding, as generate does
+    response_mask: torch.Tensor  # [N, T] 1 on response tokens
+    prompt_width: int  # P
+
+    def select(self, index: torch.Tensor) -> TrainBatch:
+        return TrainBatch(
+            self.input_ids[index],
+            self.attention_mask[index],
+            self.position_ids[index],
+            self.response_mask[index],
+            self.prompt_width,
+        )
+
+    def trimmed(self) -> TrainBatch:
+        """Drop columns that are padding in every row (saves compute in small minibatches)."""
+        real = self.attention_mask.bool()
+        first = int(real.any(dim=0).nonzero()[0])
+        width = self.prompt_width - first
+        last_resp = int(self.response_mask.bool().any(dim=0).nonzero()[-1]) + 1
+        cols = slice(first, self.prompt_width + last_resp)
+        return TrainBatch(
+            self.input_ids[:, cols],
+            self.attention_mask[:, cols],
+            self.position_ids[:, cols],
+            self.response_mask[:, :last_resp],
+            width,
+        )
+
+
+def build_train_batch(rollout: RolloutBatch, pad_id: int) -> TrainBatch:
+    n = len(rollout.prompt_ids)
+    p_width = max(len(p) for p in rollout.prompt_ids)
+    t_width = max(len(c) for c in rollout.completion_ids)
+    input_ids = torch.full((n, p_width + t_width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, p_width + t_width), dtype=torch.long)
+    response_mask = torch.zeros((n, t_width), dtype=torch.float32)
+    for i, (prompt, completion) in enumerate(
+        zip(rollout.prompt_ids, rollout.completion_ids, strict=True)
+    ):
+        input_ids[i, p_width - len(prompt) : p_width] = torch.tensor(prompt)
+        input_ids[i, p_width : p_width + len(completion)] = torch.tensor(completion)
+        attention[i, p_width - len(prompt) : p_width + len(completion)] = 1
+        response_mask[i, : len(completion)] = 1
+    position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)  # [N, P + T]
+    return TrainBatch(input_ids, attention, position_ids, response_mask, p_width)
+
+
+def pad_logprobs(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    """`[N, width]` from N variable-length `[len_i]` tensors, zero-padded."""
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, row in enumerate(rows):
+        out[i, : row.numel()] = row
+    return out

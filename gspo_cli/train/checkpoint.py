@@ -1,0 +1,101 @@
+"""Checkpoints: HF-format weights + trainer state, written atomically, newest found on resume.
+
+A checkpoint is first written to a hidden temporary folder and then renamed into place, and the
+`latest` pointer is replaced atomically afterwards: a kill at any moment leaves the previous
+checkpoint intact and pointed to.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from gspo_cli.errors import GspoError
+from gspo_cli.train.engine import TrainEngine
+
+STATE_FILE = "trainer_state.pt"
+LATEST = "latest"
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync_tree(folder: Path) -> None:
+    for file in folder.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as f:
+                os.fsync(f.fileno())
+
+
+def save_checkpoint(
+    root: Path,
+    step: int,
+    engine: TrainEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    state: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write checkpoint `step_NNNNNN` under `root` and point `latest` at it; prune old ones."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:06d}"
+    tmp = root / f".{final.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    engine.save_model(tmp, tokenizer)
+    torch.save(
+        {**state, "step": step, "engine": engine.state_dict(), "rng": rng_state()}, tmp / STATE_FILE
+    )
+    _fsync_tree(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    write_text_atomic(root / LATEST, final.name)
+    for old in sorted(root.glob("step_*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The folder `latest` points to, or None when there is no checkpoint yet."""
+    for tmp in root.glob(".step_*.tmp"):  # left by a kill during a save
+        shutil.rmtree(tmp, ignore_errors=True)
+    pointer = root / LATEST
+    if not pointer.is_file():
+        return None
+    folder = root / pointer.read_text(encoding="utf-8").strip()
+    if not (folder / STATE_FILE).is_file():
+        raise GspoError(f"checkpoint {folder} is incomplete or missing; remove it to start over")
+    return folder
+
+
+def load_trainer_state(folder: Path) -> dict[str, Any]:
+    try:
+        state: dict[str, Any] = torch.load(folder / STATE_FILE, weights_only=False)
+    except Exception as exc:  # pickle/zip errors of many kinds all mean a corrupted file
+        raise GspoError(f"checkpoint {folder / STATE_FILE} is corrupted: {exc}") from None
+    return state

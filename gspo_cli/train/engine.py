@@ -1,0 +1,115 @@
+"""Training engines behind one Protocol; this file ships the plain-torch, one-process engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from gspo_cli.recipe.schema import OptimizerConfig
+from gspo_cli.registry import Registry
+from gspo_cli.train.batch import TrainBatch
+from gspo_cli.train.logprobs import response_logprobs
+from gspo_cli.train.schedule import lr_lambda
+
+
+class TrainEngine(Protocol):
+    """What the RL loop needs from a training backend (plain torch, DeepSpeed)."""
+
+    model: PreTrainedModel
+
+    def logprobs(self, batch: TrainBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[n, T]` response log-probs (with grad) and entropy (no grad)."""
+        ...
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def step(self) -> float:
+        """Clip gradients, take one optimiser and scheduler step; return the grad norm."""
+        ...
+
+    @property
+    def lr(self) -> float: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def save_model(self, path: Path, tokenizer: PreTrainedTokenizerBase) -> None: ...
+
+
+class LogprobModel(Protocol):
+    """Anything that scores responses: a training engine or a frozen reference policy."""
+
+    def logprobs(
+        self, batch: TrainBatch, temperature: float
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def _to_device(batch: TrainBatch, model: PreTrainedModel) -> TrainBatch:
+    device = next(model.parameters()).device
+    return TrainBatch(*(t.to(device) for t in batch[:4]), batch.prompt_width)
+
+
+class FrozenPolicy:
+    """Forward-only scorer of a frozen model (the KL reference)."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+
+    def logprobs(self, batch: TrainBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return response_logprobs(self.model, _to_device(batch, self.model), temperature)
+
+
+class TorchEngine:
+    """AdamW + LambdaLR on one device; gradient accumulation is the caller's backward calls."""
+
+    def __init__(self, model: PreTrainedModel, cfg: OptimizerConfig, total_steps: int) -> None:
+        self.model = model
+        self.max_grad_norm = cfg.max_grad_norm
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=cfg.lr,
+            betas=cfg.betas,
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lr_lambda(cfg.schedule, cfg.warmup_steps, total_steps, cfg.min_lr_ratio),
+        )
+
+    def logprobs(self, batch: TrainBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return response_logprobs(self.model, _to_device(batch, self.model), temperature)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm)
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def save_model(self, path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+
+
+TRAIN_ENGINES: Registry[type[TorchEngine]] = Registry("training engine")
+TRAIN_ENGINES.add("torch", TorchEngine)

@@ -1,0 +1,172 @@
+"""One RL step: sample Q x G responses, score them, and take `minibatches` optimiser steps."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gspo_cli.algorithms import compute_policy_loss, group_advantages, loss_normalizer
+from gspo_cli.algorithms.advantages import zero_signal_groups
+from gspo_cli.recipe.schema import AlgorithmConfig
+from gspo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
+from gspo_cli.train.batch import TrainBatch, build_train_batch, pad_logprobs
+from gspo_cli.train.engine import LogprobModel, TrainEngine
+from gspo_cli.train.rewards import RewardModel
+
+
+@dataclass
+class StepSettings:
+    algorithm: AlgorithmConfig
+    sampling: SamplingParams
+    micro_batch_size: int  # 0 = a whole minibatch per forward/backward
+    use_engine_logprobs: bool
+    pad_id: int
+
+
+@dataclass
+class StepOutput:
+    metrics: dict[str, float]
+    rollout: RolloutBatch
+    rewards: list[float]
+
+
+def _forward_no_grad(
+    engine: LogprobModel, batch: TrainBatch, chunk: int, temperature: float
+) -> torch.Tensor:
+    """`[N, T]` log-probs of the current weights, without grad, in chunks."""
+    out = torch.zeros(batch.response_mask.shape)
+    with torch.no_grad():
+        for index in torch.arange(batch.input_ids.shape[0]).split(chunk):
+            sub = batch.select(index).trimmed()
+            lp, _ = engine.logprobs(sub, temperature)
+            out[index, : lp.shape[1]] = lp.float().cpu()
+    return out
+
+
+def rl_step(
+    engine: TrainEngine,
+    rollout_engine: RolloutEngine,
+    reward: RewardModel,
+    prompts: list[list[int]],
+    rows: list[dict[str, Any]],
+    settings: StepSettings,
+    generator: torch.Generator,
+    ref_engine: LogprobModel | None = None,
+) -> StepOutput:
+    algo, params = settings.algorithm, settings.sampling
+    g = params.num_samples
+    t0 = time.perf_counter()
+    rollout_engine.sync_weights()
+    rollout = rollout_engine.generate(prompts, params)
+    t_rollout = time.perf_counter()
+    rewards, correct = reward(rollout.texts, [row for row in rows for _ in range(g)])
+    t_reward = time.perf_counter()
+
+    reward_t = torch.tensor(rewards, dtype=torch.float32)  # [N]
+    advantages = group_advantages(reward_t, g, scale=algo.scale_advantages)  # [N]
+    batch = build_train_batch(rollout, settings.pad_id)
+    n = batch.input_ids.shape[0]
+    mini = n // algo.minibatches
+    micro = settings.micro_batch_size or mini
+    temperature = params.temperature
+    if settings.use_engine_logprobs:
+        old_lp = pad_logprobs(rollout.completion_logprobs, batch.response_mask.shape[1])
+    else:
+        old_lp = _forward_no_grad(engine, batch, micro, temperature)  # [N, T]
+    ref_lp = _forward_no_grad(ref_engine, batch, micro, temperature) if ref_engine else None
+
+    parts: dict[str, list[float]] = defaultdict(list)
+    order = torch.randperm(n, generator=generator)  # [N]; minibatches mix groups
+    for minibatch in order.split(mini):
+        norm = loss_normalizer(batch.response_mask[minibatch], algo.loss_agg)
+        minibatch_loss = 0.0
+        for index in minibatch.split(micro):
+            sub = batch.select(index).trimmed()
+            width = sub.response_mask.shape[1]
+            logprobs, entropy = engine.logprobs(sub, temperature)
+            mask = sub.response_mask.to(logprobs.device)
+            loss, metrics = compute_policy_loss(
+                logprobs,
+                old_lp[index, :width].to(logprobs.device),
+                advantages[index].to(logprobs.device),
+                mask,
+                algorithm=algo.name,
+                clip_low=float(algo.clip_low or 0),
+                clip_high=float(algo.clip_high or 0),
+                loss_agg=algo.loss_agg,
+                normalizer=norm,
+                ref_logprobs=None if ref_lp is None else ref_lp[index, :width].to(logprobs.device),
+                kl_coef=algo.kl_coef,
+            )
+            engine.backward(loss)
+            minibatch_loss += float(loss.detach())  # micro losses share the minibatch normaliser
+            parts["entropy"].append(float((entropy * mask).sum() / mask.sum()))
+            for key, value in metrics.items():
+                parts[key].append(value)
+        parts["loss"].append(minibatch_loss)
+        parts["grad_norm"].append(engine.step())
+    t_train = time.perf_counter()
+    return StepOutput(
+        _summarise(
+            parts,
+            rollout,
+            reward_t,
+            correct,
+            g,
+            advantages,
+            t0,
+            t_rollout,
+            t_reward,
+            t_train,
+            engine.lr,
+        ),
+        rollout,
+        rewards,
+    )
+
+
+def _summarise(
+    parts: dict[str, list[float]],
+    rollout: RolloutBatch,
+    rewards: torch.Tensor,
+    correct: list[float],
+    group_size: int,
+    advantages: torch.Tensor,
+    t0: float,
+    t_rollout: float,
+    t_reward: float,
+    t_train: float,
+    lr: float,
+) -> dict[str, float]:
+    lengths = torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32)
+    out: dict[str, float] = {}
+    for key, values in parts.items():
+        if key.endswith("_min"):
+            out[key] = min(values)
+        elif key.endswith("_max"):
+            out[key] = max(values)
+        else:
+            out[key] = sum(values) / len(values)
+    out.update(
+        reward_mean=float(rewards.mean()),
+        reward_std=float(rewards.std(unbiased=False)),
+        accuracy=sum(correct) / len(correct),
+        advantage_abs_mean=float(advantages.abs().mean()),
+        zero_adv_groups=float(zero_signal_groups(rewards, group_size).sum()),
+        zero_adv_group_frac=float(zero_signal_groups(rewards, group_size).float().mean()),
+        response_len_mean=float(lengths.mean()),
+        response_len_max=float(lengths.max()),
+        truncated_frac=float(torch.tensor(rollout.truncated, dtype=torch.float32).mean()),
+        lr=lr,
+        time_rollout_s=t_rollout - t0,
+        time_reward_s=t_reward - t_rollout,
+        time_train_s=t_train - t_reward,
+        time_step_s=t_train - t0,
+        completion_tokens=float(rollout.num_completion_tokens),
+        tokens_per_s=rollout.num_completion_tokens / max(t_train - t0, 1e-9),
+    )
+    return out
