@@ -53,7 +53,10 @@ class MathVerifierPool:
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            ctx = mp.get_context("spawn")  # fork after torch threads start is unsafe
+            # fork, not spawn: spawn re-imports the caller's __main__ (a script, a notebook,
+            # stdin), which breaks in many real set-ups. The children only run sympy-based
+            # Math-Verify and never touch torch, whose threads are the usual fork hazard.
+            ctx = mp.get_context("fork")
             self._pool = ProcessPoolExecutor(self.num_workers, mp_context=ctx)
         return self._pool
 

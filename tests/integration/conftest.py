@@ -12,7 +12,15 @@ from gspo_cli.train.loop import COLD_START_DIR, run_sft_only
 
 # Small enough to train in seconds, easy enough that a short SFT gives mixed rewards.
 TINY_TASK = {
-    "data": {"arithmetic": {"num_train": 100, "num_eval": 16, "max_operand": 9, "min_ops": 1, "max_ops": 1}},
+    "data": {
+        "arithmetic": {
+            "num_train": 100,
+            "num_eval": 16,
+            "max_operand": 9,
+            "min_ops": 1,
+            "max_ops": 1,
+        }
+    },
     "rollout": {"num_prompts": 4, "group_size": 4, "max_new_tokens": 16},
     "eval": {"num_problems": 8, "samples": 2, "every": 100},
     "reward": {"num_workers": 1},
@@ -31,7 +39,9 @@ def write_recipe(folder: Path, overrides: dict) -> Path:  # type: ignore[type-ar
 @pytest.fixture(scope="session")
 def sft_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("sft")
-    recipe_file = write_recipe(folder, {"cold_start": {"enabled": True, "steps": 60, "lr": 3e-3, "batch_size": 16}})
+    recipe_file = write_recipe(
+        folder, {"cold_start": {"enabled": True, "steps": 60, "lr": 3e-3, "batch_size": 16}}
+    )
     recipe = load_recipe(recipe_file)
     run_sft_only(recipe, recipe_file.read_text(), out=folder / "run")
     return folder / "run" / COLD_START_DIR
@@ -40,7 +50,10 @@ def sft_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def tiny_recipe(tmp_path: Path, sft_checkpoint: Path):  # type: ignore[no-untyped-def]
     def make(**overrides: object) -> Path:
-        base = {"model": {"path": str(sft_checkpoint)}, "trainer": {"out_dir": str(tmp_path / "runs")}}
+        base = {
+            "model": {"path": str(sft_checkpoint)},
+            "trainer": {"out_dir": str(tmp_path / "runs")},
+        }
         from gspo_cli.recipe import deep_merge
 
         return write_recipe(tmp_path, deep_merge(base, overrides))

@@ -45,7 +45,9 @@ def lines_match(got: str, want: str, tol: Decimal = DEFAULT_TOL) -> bool:
     got_tokens, want_tokens = got.split(), want.split()
     if len(got_tokens) != len(want_tokens):
         return False
-    return all(g == w or numbers_close(g, w, tol) for g, w in zip(got_tokens, want_tokens))
+    return all(
+        g == w or numbers_close(g, w, tol) for g, w in zip(got_tokens, want_tokens, strict=True)
+    )
 
 
 def compare_stdout(got: str, want: str, tol: Decimal = DEFAULT_TOL) -> bool:

@@ -20,12 +20,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+_DETECT_LOCK = threading.Lock()
 
 MODES = ("bwrap", "unshare", "rlimits")
 ENV_VAR = "GSPO_SANDBOX_ISOLATION"
@@ -38,7 +40,7 @@ PYTHON_CANDIDATES = ("/usr/bin/python3", "/usr/local/bin/python3")
 def _world_readable(path: str) -> bool:
     """True when any uid may execute `path` (every parent directory searchable)."""
     p = Path(path).resolve()
-    if not p.is_file() or not os.stat(p).st_mode & 0o005 == 0o005:
+    if not p.is_file() or os.stat(p).st_mode & 0o005 != 0o005:
         return False
     return all(os.stat(parent).st_mode & 0o001 for parent in p.parents)
 
@@ -132,12 +134,25 @@ def available_modes() -> tuple[str, ...]:
     return tuple(m for m in MODES if m == "rlimits" or _probe(m) is None)
 
 
-@cache
 def detect_mode() -> str:
     """The mode to use: forced by GSPO_SANDBOX_ISOLATION, else the strongest that works.
 
     Warns once, naming what is missing, when anything weaker than bubblewrap is used.
     """
+    with _DETECT_LOCK:  # pool threads may all arrive at once on first use
+        return _detect_mode()
+
+
+def forget_detection() -> None:
+    """Probe again on next use (tests; or after `make sandbox-deps` in a live process)."""
+    with _DETECT_LOCK:
+        _detect_mode.cache_clear()
+        _probe.cache_clear()
+        available_modes.cache_clear()
+
+
+@cache
+def _detect_mode() -> str:
     forced = os.environ.get(ENV_VAR, "").strip()
     if forced:
         if forced not in MODES:
@@ -176,7 +191,8 @@ def private_uid() -> Iterator[int | None]:
     if os.getuid() != 0:
         yield None
         return
-    lock_dir = Path(tempfile.gettempdir(), "gspo-sandbox-uids")
+    base = "/run" if os.access("/run", os.W_OK) else tempfile.gettempdir()
+    lock_dir = Path(base, "gspo-sandbox-uids")  # /run: only root can plant anything there
     lock_dir.mkdir(mode=0o700, exist_ok=True)
     for slot in range(UID_SLOTS):
         fd = os.open(lock_dir / f"{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)

@@ -38,6 +38,7 @@ WRITE_EVENTS = frozenset(
         "os.link", "os.truncate", "os.utime", "shutil.rmtree", "os.chflags", "os.setxattr",
     }
 )  # fmt: skip
+STD_STREAMS = frozenset({"/dev/stdin", "/dev/stdout", "/dev/stderr", "/dev/fd/0", "/dev/fd/1"})
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -84,7 +85,7 @@ def install_guard(box: str, read_roots: list[str]) -> None:
     busy = threading.local()
 
     def resolve(raw: Any) -> str | None:
-        if isinstance(raw, int):
+        if isinstance(raw, int) or raw in STD_STREAMS:
             return None  # an already-open descriptor: nothing new is reached
         return os.path.realpath(os.path.join(os.getcwd(), os.fsdecode(raw)))
 
@@ -119,11 +120,10 @@ def install_guard(box: str, read_roots: list[str]) -> None:
     sys.addaudithook(hook)
 
 
-def load_program(spec: dict[str, Any], name: str) -> dict[str, Any]:
-    """Compile and run the program's top level in a fresh namespace (header names preloaded)."""
+def load_program(code: Any, name: str) -> dict[str, Any]:
+    """Run the compiled program's top level in a fresh namespace (header names preloaded)."""
     namespace: dict[str, Any] = {"__name__": name, "__builtins__": builtins}
     exec(HEADER, namespace)
-    code = compile(spec["code"], "solution.py", "exec")
     exec(code, namespace)
     return namespace
 
@@ -150,12 +150,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Run the program in the spec's mode; returns the status dict reported to the parent."""
     mode = spec["mode"]
     try:
+        code = compile(spec["code"], "solution.py", "exec")
+    except (SyntaxError, ValueError) as exc:  # ValueError: null bytes in the source
+        return {"status": "syntax_error", "error": f"{type(exc).__name__}: {exc}"[:300]}
+    try:
         if mode == "stdio":
-            load_program(spec, "__main__")
+            load_program(code, "__main__")
             join_threads()
             return {"status": "ok"}
         real_stdout, sys.stdout = sys.stdout, open(os.devnull, "w")  # noqa: SIM115
-        namespace = load_program(spec, "solution")
+        namespace = load_program(code, "solution")
         if mode == "call":
             result = call_function(namespace, spec)
             real_stdout.write(f"\n{spec['nonce']} {result}\n")
@@ -164,20 +168,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         join_threads()
         real_stdout.flush()
         return {"status": "ok"}
-    except (SyntaxError, ValueError) as exc:
-        if isinstance(exc, SyntaxError) or "null bytes" in str(exc):
-            return {"status": "syntax_error", "error": f"{type(exc).__name__}: {exc}"[:300]}
-        return failure(exc)
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if mode == "stdio" and code == 0:
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if mode == "stdio" and status == 0:
             return {"status": "ok"}
-        return {"status": "runtime_error", "error": f"SystemExit({exc.code!r})", "exit": code}
+        return {"status": "runtime_error", "error": f"SystemExit({exc.code!r})", "exit": status}
     except BaseException as exc:  # the program's own failure, reported rather than raised
-        return failure(exc)
+        return failure(exc, mode)
 
 
-def failure(exc: BaseException) -> dict[str, Any]:
+def failure(exc: BaseException, mode: str) -> dict[str, Any]:
     """Map an exception escaping the program to a status."""
     traceback.print_exception(exc, limit=-5)
     error = f"{type(exc).__name__}: {exc}"[:300]
@@ -185,8 +185,8 @@ def failure(exc: BaseException) -> dict[str, Any]:
         return {"status": "memory_limit", "error": error}
     if isinstance(exc, SandboxViolation) or isinstance(exc.__context__, SandboxViolation):
         return {"status": "blocked", "error": error}
-    if isinstance(exc, AssertionError):
-        return {"status": "wrong_answer", "error": error}
+    if isinstance(exc, AssertionError) and mode == "assert":
+        return {"status": "wrong_answer", "error": error}  # a failed check, not a crash
     return {"status": "runtime_error", "error": error}
 
 

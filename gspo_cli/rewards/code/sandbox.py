@@ -17,7 +17,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -94,18 +93,19 @@ def _owner(proc_dir: Path) -> int | None:
 
 
 def _rmtree(path: Path) -> None:
-    """Remove a tree even where the program chmod-ed its own folders to 000."""
+    """Remove a run's tree, even where the program chmod-ed its own folders to 000.
 
-    def fix(func: Any, target: str, _: Any) -> None:
-        with suppress(OSError):
-            os.chmod(os.path.dirname(target), stat.S_IRWXU)
-            os.chmod(target, stat.S_IRWXU)
-            func(target)
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=fix)
-    else:
-        shutil.rmtree(path, onerror=fix)
+    Root needs no help; others restore owner access top-down first, never through symlinks
+    (a link to /etc must not be chmod-ed). Every process of the run is dead by now.
+    """
+    if os.getuid() != 0:
+        for dirpath, dirnames, _ in os.walk(path):
+            for name in dirnames:
+                child = os.path.join(dirpath, name)
+                if not os.path.islink(child):
+                    with suppress(OSError):
+                        os.chmod(child, stat.S_IRWXU)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @contextmanager

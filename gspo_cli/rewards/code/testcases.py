@@ -24,6 +24,8 @@ Kind = Literal["stdio", "call", "assert"]
 class TestFormatError(ValueError):
     """The tests are in no format we know."""
 
+    __test__ = False  # not a pytest class
+
 
 @dataclass(frozen=True)
 class TestCase:

@@ -1,0 +1,172 @@
+"""Judge one program against its tests, and many programs in parallel on a pool of workers.
+
+Each test is one sandboxed run (sandbox.run_program), so no state carries between tests.
+Verdicts: accepted, wrong_answer, runtime_error, timeout, memory_limit, output_limit,
+syntax_error, no_code, blocked (the fallback guard refused something), and internal_error
+(the sandbox itself failed; logged, and scored 0 like any failure).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from gspo_cli.rewards.code.compare import compare_json, compare_stdout
+from gspo_cli.rewards.code.extract import extract_code
+from gspo_cli.rewards.code.sandbox import Limits, RunOutcome, run_program
+from gspo_cli.rewards.code.testcases import TestCase, parse_tests
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
+
+VERDICTS = (
+    "accepted", "wrong_answer", "runtime_error", "timeout", "memory_limit", "output_limit",
+    "syntax_error", "no_code", "blocked", "internal_error",
+)  # fmt: skip
+# The same for every test of a program: judging more tests cannot change them.
+FINAL = frozenset({"syntax_error", "no_code", "internal_error"})
+
+
+@dataclass(frozen=True)
+class TestVerdict:
+    """One test's outcome."""
+
+    __test__ = False  # not a pytest class
+
+    index: int
+    verdict: str
+    elapsed_s: float = 0.0
+    detail: str = ""
+
+
+@dataclass
+class JudgeResult:
+    """One program's outcome: the first failing test's verdict, or accepted."""
+
+    verdict: str
+    passed: int
+    total: int
+    tests: list[TestVerdict] = field(default_factory=list)
+
+    @property
+    def fraction(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+    def reward(self, partial: bool = False) -> float:
+        """1.0 when accepted; with `partial`, the fraction of tests passed."""
+        if partial:
+            return self.fraction
+        return 1.0 if self.verdict == "accepted" else 0.0
+
+
+def classify(outcome: RunOutcome, case: TestCase) -> tuple[str, str]:
+    """(verdict, detail) for one run of one test."""
+    status = (outcome.status or {}).get("status")
+    error = str((outcome.status or {}).get("error", ""))
+    if outcome.output_limited:
+        return "output_limit", "output cap exceeded"
+    if outcome.timed_out or outcome.signal == signal.SIGXCPU:
+        return "timeout", f"killed after {outcome.elapsed_s:.2f}s"
+    if status in ("syntax_error", "memory_limit", "blocked", "wrong_answer"):
+        return status, error
+    if "MemoryError" in outcome.stderr_tail and status != "ok":
+        return "memory_limit", "MemoryError"
+    ended_cleanly = status == "ok" or (status is None and outcome.returncode == 0)
+    if not ended_cleanly or (case.kind != "stdio" and status != "ok"):
+        sig = outcome.signal
+        return "runtime_error", error or (f"signal {sig}" if sig else f"exit {outcome.returncode}")
+    if case.kind == "assert":
+        return "accepted", ""
+    if case.kind == "call":
+        if outcome.call_result is None:
+            return "runtime_error", "no result"
+        ok = compare_json(outcome.call_result, case.output)
+        return ("accepted", "") if ok else ("wrong_answer", outcome.call_result[:200])
+    got = outcome.stdout.decode("utf-8", errors="replace")
+    return ("accepted", "") if compare_stdout(got, case.output) else ("wrong_answer", got[:200])
+
+
+def _run_case(code: str, case: TestCase, limits: Limits, isolation: str | None) -> RunOutcome:
+    options: dict[str, Any] = {"limits": limits, "isolation": isolation}
+    if case.kind == "assert":
+        return run_program(code, mode="assert", check=case.check, **options)
+    mode = "call" if case.kind == "call" else "stdio"
+    return run_program(code, mode=mode, stdin=case.input, fn_name=case.fn_name, **options)
+
+
+def judge_program(
+    code: str,
+    tests: Any,
+    *,
+    time_limit_s: float = 6.0,
+    memory_limit_mb: int = 1024,
+    all_tests: bool = False,
+    max_tests: int | None = None,
+    limits: Limits | None = None,
+    isolation: str | None = None,
+) -> JudgeResult:
+    """Run `code` on each test (any format testcases.parse_tests knows), stopping at the first
+    failure unless `all_tests`. Raises TestFormatError for unreadable tests."""
+    cases = parse_tests(tests)[:max_tests]
+    limits = limits or Limits(time_limit_s=time_limit_s, memory_limit_mb=memory_limit_mb)
+    result = JudgeResult("accepted", 0, len(cases))
+    for index, case in enumerate(cases):
+        outcome = _run_case(code, case, limits, isolation)
+        verdict, detail = classify(outcome, case)
+        result.tests.append(TestVerdict(index, verdict, outcome.elapsed_s, detail))
+        if verdict == "accepted":
+            result.passed += 1
+            continue
+        if result.verdict == "accepted":
+            result.verdict = verdict
+        if not all_tests or verdict in FINAL:
+            break
+    if not cases:
+        result.verdict = "internal_error"  # nothing to judge against is a data error
+    return result
+
+
+def judge_completion(completion: str, tests: Any, **options: Any) -> JudgeResult:
+    """Extract the program from a model completion, then judge it; never raises."""
+    code = extract_code(completion)
+    if code is None:
+        return JudgeResult("no_code", 0, 0)
+    try:
+        return judge_program(code, tests, **options)
+    except Exception as exc:  # bad test data or a sandbox failure: score 0, keep training
+        log.warning("code judge: %s: %s", type(exc).__name__, exc)
+        return JudgeResult("internal_error", 0, 0, [TestVerdict(0, "internal_error", 0, str(exc))])
+
+
+class JudgePool:
+    """Worker threads, each supervising one sandboxed process at a time."""
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = workers or max(1, os.cpu_count() or 1)
+        self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="gspo-judge")
+
+    def map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """fn over items in parallel, results in order."""
+        return list(self._executor.map(fn, items))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+_default_pool: JudgePool | None = None
+
+
+def default_pool() -> JudgePool:
+    """The shared pool (created on first use, closed at exit)."""
+    global _default_pool
+    if _default_pool is None:
+        _default_pool = JudgePool()
+        atexit.register(_default_pool.close)
+    return _default_pool
