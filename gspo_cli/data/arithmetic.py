@@ -1,5 +1,11 @@
 """`builtin:arithmetic`: multi-step integer arithmetic with worked solutions, from a seed.
 
+`slip_rate` makes the cold-start data imperfect the way real SFT data is: that share of
+worked solutions gets one step off by one, carried through to a wrong boxed answer. The
+reference `answer` is always right, so a verifier-driven RL stage can learn to stop slipping.
+`unboxed_rate` is the share of solutions that end "Answer: N" instead of "\\boxed{N}": right
+or wrong, the maths verifier scores those 0, so RL has a format habit to unlearn as well.
+
 A problem is evaluated left to right, e.g. "Compute 12+7-5." whose worked solution is
 "12+7=19\n19-5=14\n\\boxed{14}". With '*' the prefix is parenthesised so that left-to-right
 is also the conventional reading: "(3+4)*2".
@@ -21,18 +27,22 @@ def _apply(a: int, op: str, b: int) -> int:
 
 def make_problem(rng: random.Random, cfg: ArithmeticTaskConfig) -> dict[str, Any]:
     n_ops = rng.randint(cfg.min_ops, cfg.max_ops)
-    value = rng.randint(0, cfg.max_operand)
-    expression, steps = str(value), []
-    for _ in range(n_ops):
-        op, operand = rng.choice(cfg.operators), rng.randint(0, cfg.max_operand)
-        result = _apply(value, op, operand)
-        steps.append(f"{value}{op}{operand}={result}")
-        needs_parens = op == "*" and any(c in expression for c in "+-")
-        expression = (
-            f"({expression}){op}{operand}" if needs_parens else f"{expression}{op}{operand}"
-        )
-        value = result
-    solution = "\n".join([*steps, f"\\boxed{{{value}}}"])
+    first = rng.randint(0, cfg.max_operand)
+    ops = [(rng.choice(cfg.operators), rng.randint(0, cfg.max_operand)) for _ in range(n_ops)]
+    slip_step = rng.randrange(n_ops) if rng.random() < cfg.slip_rate else -1
+    slip = rng.choice((-1, 1))
+    expression, value, written, steps = str(first), first, first, []
+    for i, (op, operand) in enumerate(ops):
+        value = _apply(value, op, operand)  # the true running result
+        shown = _apply(written, op, operand) + (slip if i == slip_step else 0)
+        steps.append(f"{written}{op}{operand}={shown}")
+        written = shown  # the solution carries its own (possibly slipped) result forward
+        if op == "*" and any(c in expression for c in "+-"):
+            expression = f"({expression})"
+        expression = f"{expression}{op}{operand}"
+    unboxed = rng.random() < cfg.unboxed_rate
+    final = f"Answer: {written}" if unboxed else f"\\boxed{{{written}}}"
+    solution = "\n".join([*steps, final])
     return {"prompt": f"Compute {expression}.", "answer": str(value), "solution": solution}
 
 

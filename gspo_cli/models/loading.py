@@ -11,10 +11,13 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.utils import logging as hf_logging
 
 from gspo_cli.errors import GspoError
 from gspo_cli.models.builtin import create_builtin
 from gspo_cli.recipe.schema import BUILTIN_PREFIX
+
+hf_logging.disable_progress_bar()  # gspo's own display reports progress
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -60,6 +60,12 @@ class ArithmeticTaskConfig(Section):
     max_ops: int = Field(2, ge=1, description="Most operations in one problem.")
     max_operand: int = Field(20, ge=2, description="Operands are drawn from 0..max_operand.")
     operators: str = Field("+-", min_length=1, description="Operators to draw from, of '+-*'.")
+    slip_rate: float = Field(
+        0.0, ge=0, le=1, description="Share of worked solutions with an off-by-one slip."
+    )
+    unboxed_rate: float = Field(
+        0.0, ge=0, le=1, description="Share of worked solutions ending 'Answer: N', not \\boxed{N}."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ArithmeticTaskConfig:

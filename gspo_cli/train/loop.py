@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from rich.console import Console
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
-from transformers.utils import logging as hf_logging
 
 from gspo_cli.data import load_rows, render_prompt
 from gspo_cli.errors import GspoError
@@ -39,8 +38,6 @@ from gspo_cli.train.run_log import RunLog, start_wandb
 from gspo_cli.train.sampler import PromptSampler
 from gspo_cli.train.sft import cold_start
 from gspo_cli.train.step import StepSettings, rl_step
-
-hf_logging.disable_progress_bar()  # the training display is ours
 
 RECIPE_FILE, COLD_START_DIR, CHECKPOINTS_DIR, SUMMARY = (
     "recipe.yaml",

@@ -19,9 +19,10 @@ TINY_TASK = {
             "max_operand": 9,
             "min_ops": 1,
             "max_ops": 1,
+            "unboxed_rate": 0.5,
         }
     },
-    "rollout": {"num_prompts": 4, "group_size": 4, "max_new_tokens": 16},
+    "rollout": {"num_prompts": 4, "group_size": 4, "max_new_tokens": 24},
     "eval": {"num_problems": 8, "samples": 2, "every": 100},
     "reward": {"num_workers": 1},
     "logging": {"console": "plain"},
@@ -40,7 +41,7 @@ def write_recipe(folder: Path, overrides: dict) -> Path:  # type: ignore[type-ar
 def sft_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("sft")
     recipe_file = write_recipe(
-        folder, {"cold_start": {"enabled": True, "steps": 60, "lr": 3e-3, "batch_size": 16}}
+        folder, {"cold_start": {"enabled": True, "steps": 200, "lr": 3e-3, "batch_size": 16}}
     )
     recipe = load_recipe(recipe_file)
     run_sft_only(recipe, recipe_file.read_text(), out=folder / "run")
