@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup test lint fmt typecheck bench quickstart clean
+.PHONY: setup test lint fmt bench quickstart clean
 .PHONY: sandbox-deps
 
 $(BIN)/gspo: pyproject.toml
@@ -39,6 +39,11 @@ test: setup lint
 
 bench: setup
 	$(BIN)/python benchmarks/rl_step_throughput.py
+	$(BIN)/python benchmarks/sandbox_throughput.py
+
+# The main job: cold start + GSPO on the built-in task, on CPU, offline; prints held-out accuracy.
+quickstart: setup
+	$(BIN)/gspo train recipes/quickstart.yaml --out runs/quickstart-$$(date +%Y%m%d-%H%M%S)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe import Recipe, RecipeError, load_recipe
+from gspo_cli.registry import UnknownNameError
 
 app = typer.Typer(
     name="gspo",
@@ -83,6 +84,122 @@ def sft(recipe: RecipeArg, set_: SetOpt = None, out: OutOpt = None) -> None:
     run_sft_only(resolved, dump_recipe_yaml(resolved), out=out, console=console)
 
 
+@app.command("eval")
+def eval_(
+    checkpoint: Annotated[
+        str, typer.Argument(help="HF checkpoint folder, run folder or builtin:NAME.")
+    ],
+    benchmark: Annotated[
+        str | None,
+        typer.Option(help="aime24, aime25, math500, gsm8k, livecodebench, codeforces, custom."),
+    ] = None,
+    samples: Annotated[int | None, typer.Option(help="Samples per problem (k).")] = None,
+    temperature: Annotated[
+        float | None, typer.Option(help="Sampling temperature (default 0.6).")
+    ] = None,
+    top_p: Annotated[
+        float | None, typer.Option("--top-p", help="Nucleus sampling (default 0.95).")
+    ] = None,
+    max_new_tokens: Annotated[
+        int | None, typer.Option("--max-new-tokens", help="Response cap (default 1024).")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="Only the first N problems.")] = None,
+    data: Annotated[
+        str | None, typer.Option(help="Local file or folder with the benchmark's data.")
+    ] = None,
+    start: Annotated[str | None, typer.Option(help="LiveCodeBench: first contest date.")] = None,
+    end: Annotated[str | None, typer.Option(help="LiveCodeBench: last contest date.")] = None,
+    standings: Annotated[
+        str | None, typer.Option(help="CodeForces: CodeElo standings cache.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Output folder (default evals/BENCHMARK).")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Skip problems already done in --out.")
+    ] = False,
+    recipe: Annotated[
+        Path | None, typer.Option(help="Take defaults from this recipe's eval section.")
+    ] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Evaluate a checkpoint on a benchmark: avg@k, pass@k, maj@k, Elo, with intervals."""
+    from gspo_cli.eval.runner import EvalSettings, run_eval
+    from gspo_cli.recipe.schema import EvalConfig
+
+    cfg = load_recipe(recipe, set_).eval if recipe else _eval_section(set_)
+    flags = {
+        "benchmark": benchmark,
+        "samples": samples,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_new_tokens": max_new_tokens,
+        "limit": limit,
+        "data": data,
+        "start": start,
+        "end": end,
+        "standings": standings,
+        "seed": seed,
+    }
+    merged = {**cfg.model_dump(), **{k: v for k, v in flags.items() if v is not None}}
+    if merged["benchmark"] is None:
+        raise GspoError("eval: name a benchmark with --benchmark (or eval.benchmark in --recipe)")
+    settings = EvalSettings(
+        checkpoint=checkpoint,
+        benchmark=merged["benchmark"],
+        samples=merged["samples"],
+        temperature=0.6 if merged["temperature"] is None else merged["temperature"],
+        top_p=merged["top_p"],
+        max_new_tokens=merged["max_new_tokens"] or 1024,
+        limit=merged["limit"],
+        data=merged["data"],
+        start=merged["start"],
+        end=merged["end"],
+        standings=merged["standings"],
+        seed=merged["seed"],
+    )
+    EvalConfig.model_validate({k: merged[k] for k in EvalConfig.model_fields})  # range checks
+    run_eval(settings, out or Path("evals") / settings.benchmark, resume=resume, console=console)
+
+
+@app.command()
+def compare(
+    runs: Annotated[list[Path], typer.Argument(help="Run folders to compare.", show_default=False)],
+    metrics: Annotated[str | None, typer.Option(help="Comma-separated metrics to show.")] = None,
+    x: Annotated[str, typer.Option(help="x axis: step, tokens or time.")] = "step",
+    smooth: Annotated[int, typer.Option(help="Trailing moving-average window, in steps.")] = 1,
+    out: Annotated[
+        Path | None, typer.Option(help="Output folder (default comparisons/latest).")
+    ] = None,
+    baseline: Annotated[Path | None, typer.Option(help="Run the others are compared to.")] = None,
+) -> None:
+    """Compare runs side by side: table, stability verdicts, PNG plots, summary.md/json."""
+    from gspo_cli.compare import compare_runs
+
+    code = compare_runs(
+        list(runs),
+        metrics=metrics.split(",") if metrics else None,
+        x=x,
+        smooth=smooth,
+        out=out,
+        baseline=baseline,
+        console=console,
+    )
+    raise typer.Exit(code)
+
+
+def _eval_section(overrides: list[str] | None):  # type: ignore[no-untyped-def]
+    """The eval section from defaults and `--set eval.KEY=VALUE` overrides (no recipe file)."""
+    from gspo_cli.recipe import apply_override
+    from gspo_cli.recipe.loader import validate_recipe
+
+    raw: dict[str, object] = {}
+    for override in overrides or []:
+        apply_override(raw, override, "--set")
+    return validate_recipe(raw, "--set").eval
+
+
 def dump_recipe_yaml(recipe: Recipe) -> str:
     return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
 
@@ -93,6 +210,8 @@ def _quiet_libraries() -> None:
 
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")
+    os.environ.setdefault("DATASETS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
@@ -105,7 +224,7 @@ def main() -> None:
         for problem in exc.problems:
             _error(f"{exc.source}: {problem}")
         sys.exit(2)
-    except GspoError as exc:
+    except (GspoError, UnknownNameError) as exc:  # unknown names come from user input too
         _error(str(exc))
         sys.exit(2)
 

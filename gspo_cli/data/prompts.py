@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerBase
 
 from gspo_cli.data.arithmetic import arithmetic_split
 from gspo_cli.errors import GspoError
-from gspo_cli.recipe.schema import BUILTIN_PREFIX, DataConfig
+from gspo_cli.recipe.schema import BENCHMARK_PREFIX, BUILTIN_PREFIX, DataConfig
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -21,6 +21,8 @@ def load_rows(source: str, split: str, cfg: DataConfig) -> list[dict[str, Any]]:
         if task != "arithmetic":
             raise GspoError(f"data.source: unknown built-in task {task!r}; known: arithmetic")
         return arithmetic_split(cfg.arithmetic, split, cfg.seed)
+    if source.startswith(BENCHMARK_PREFIX):
+        return benchmark_rows(source.removeprefix(BENCHMARK_PREFIX))
     rows = _load_dataset_rows(source, split)
     for column in (cfg.prompt_column, cfg.answer_column):
         if rows and column not in rows[0]:
@@ -30,6 +32,24 @@ def load_rows(source: str, split: str, cfg: DataConfig) -> list[dict[str, Any]]:
             )
     return [
         {**row, "prompt": row[cfg.prompt_column], "answer": row[cfg.answer_column]} for row in rows
+    ]
+
+
+def benchmark_rows(spec: str) -> list[dict[str, Any]]:
+    """Rows of a registered benchmark ("NAME" or "NAME:PATH"), with its own prompt format.
+
+    Code problems carry `tests` (LiveCodeBench input_output form) for the code reward.
+    """
+    from gspo_cli.eval import build_prompt, load_benchmark
+
+    name, _, path = spec.partition(":")
+    try:
+        problems = load_benchmark(name, path or None)
+    except KeyError as exc:
+        raise GspoError(f"data.source: {exc}") from None
+    return [
+        {"prompt": build_prompt(p), "answer": p.answer, "tests": p.tests, "id": p.id}
+        for p in problems
     ]
 
 

@@ -32,7 +32,7 @@ _SHARED = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "head_dim": 32,
-    "max_position_embeddings": 1024,
+    "max_position_embeddings": 8192,
     "tie_word_embeddings": True,
 }
 

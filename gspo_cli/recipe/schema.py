@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 BUILTIN_PREFIX = "builtin:"
+BENCHMARK_PREFIX = "benchmark:"  # benchmark:NAME or benchmark:NAME:PATH (a local file/folder)
 LOCAL_DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".yaml", ".yml")
 
 
@@ -22,6 +23,11 @@ def looks_local(path: str) -> bool:
 
 def check_exists(path: str | None) -> str | None:
     """Reject a local path that does not exist (hub ids and built-ins pass through)."""
+    if path is not None and path.startswith(BENCHMARK_PREFIX):
+        _, _, local = path.removeprefix(BENCHMARK_PREFIX).partition(":")
+        if local and not Path(local).expanduser().exists():
+            raise ValueError(f"file not found: {local}")
+        return path
     if path is None or path.startswith(BUILTIN_PREFIX) or not looks_local(path):
         return path
     if not Path(path).expanduser().exists():
@@ -79,7 +85,8 @@ class ArithmeticTaskConfig(Section):
 class DataConfig(Section):
     source: str = Field(
         "builtin:arithmetic",
-        description="builtin:arithmetic, a local JSONL/JSON/Parquet file, or a datasets hub id.",
+        description="builtin:arithmetic, benchmark:NAME[:PATH], a local JSONL/JSON/Parquet "
+        "file, or a datasets hub id.",
     )
     split: str = Field("train", description="Split to train on (files have only 'train').")
     eval_source: str | None = Field(
@@ -117,6 +124,9 @@ class RolloutConfig(Section):
 class RewardFunctionConfig(Section):
     name: Literal["math", "code"] = Field(description="Registered reward function: math or code.")
     weight: float = Field(1.0, description="Weight of this reward in the sum.")
+    options: dict[str, bool | int | float | str] = Field(
+        default_factory=dict, description="Keyword options, e.g. {partial_credit: true} for code."
+    )
 
 
 class RewardConfig(Section):
@@ -198,6 +208,18 @@ class EvalConfig(Section):
     max_new_tokens: int | None = Field(
         None, ge=1, description="Response cap; None uses rollout.max_new_tokens."
     )
+    benchmark: str | None = Field(
+        None, description="`gspo eval` benchmark: aime24, aime25, math500, gsm8k, livecodebench..."
+    )
+    data: str | None = Field(None, description="Local file or folder for the benchmark's data.")
+    top_p: float = Field(0.95, gt=0, le=1, description="`gspo eval` nucleus sampling threshold.")
+    limit: int | None = Field(None, ge=1, description="`gspo eval`: only the first N problems.")
+    seed: int = Field(0, description="`gspo eval` sampling seed.")
+    start: str | None = Field(None, description="LiveCodeBench: first contest date (YYYY-MM-DD).")
+    end: str | None = Field(None, description="LiveCodeBench: last contest date (YYYY-MM-DD).")
+    standings: str | None = Field(None, description="CodeForces: CodeElo standings cache file.")
+
+    _data_exists = field_validator("data", "standings")(check_exists)
 
 
 class LoggingConfig(Section):

@@ -1,40 +1,50 @@
-"""Held-out accuracy of the policy: avg@k over a fixed set of problems, seeded."""
+"""Held-out accuracy during training, through the same code path as `gspo eval`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
+from gspo_cli.eval.problems import Problem
+from gspo_cli.eval.runner import generate_and_judge
+from gspo_cli.eval.summary import summarize
 from gspo_cli.rollout.base import RolloutEngine, SamplingParams
-from gspo_cli.train.rewards import RewardModel
+
+
+def rows_as_problems(rows: list[dict[str, Any]], template: str) -> list[Problem]:
+    """Held-out rows as eval Problems: code when the row carries tests, maths otherwise."""
+    return [
+        Problem(
+            id=str(row.get("id", i)),
+            benchmark="heldout",
+            kind="code" if row.get("tests") is not None else "math",
+            question=template.format(prompt=row["prompt"]),
+            answer=None if row.get("answer") is None else str(row["answer"]),
+            tests=row.get("tests"),
+        )
+        for i, row in enumerate(rows)
+    ]
 
 
 def heldout_accuracy(
     engine: RolloutEngine,
-    prompts: list[list[int]],
-    rows: list[dict[str, Any]],
-    reward: RewardModel,
+    tokenizer: Any,
+    problems: list[Problem],
     params: SamplingParams,
     seed: int,
 ) -> dict[str, float]:
-    """avg@k accuracy, share of problems solved at least once, and response statistics.
-
-    Sampling runs on a forked RNG so that evaluating never changes the training run's samples.
-    """
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        rollout = engine.generate(prompts, params)
+    """avg@k accuracy, share of problems solved at least once (pass@k), response statistics."""
+    records = generate_and_judge(
+        engine, tokenizer, problems, params, seed, prompt_for=lambda p: p.question
+    )
     k = params.num_samples
-    repeated = [row for row in rows for _ in range(k)]
-    _, correct = reward(rollout.texts, repeated)
-    per_problem = torch.tensor(correct).view(len(rows), k)  # [N, k]
-    lengths = torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32)
+    metrics = summarize(records, k, problems[0].kind, seed)
     return {
-        "accuracy": float(per_problem.mean()),
-        "solved_any": float((per_problem.sum(dim=1) > 0).float().mean()),
-        "response_len_mean": float(lengths.mean()),
-        "truncated_frac": float(torch.tensor(rollout.truncated, dtype=torch.float32).mean()),
-        "num_problems": float(len(rows)),
+        "accuracy": metrics[f"avg@{k}"]["value"],
+        "accuracy_ci_low": metrics[f"avg@{k}"]["ci_low"],
+        "accuracy_ci_high": metrics[f"avg@{k}"]["ci_high"],
+        "solved_any": metrics[f"pass@{k}"]["value"],
+        "response_len_mean": metrics["response_len_mean"],
+        "truncated_frac": metrics["truncated_frac"],
+        "num_problems": float(len(problems)),
         "samples": float(k),
     }

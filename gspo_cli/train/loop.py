@@ -10,7 +10,7 @@ import copy
 import json
 import resource
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +20,22 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gspo_cli.data import load_rows, render_prompt
 from gspo_cli.errors import GspoError
+from gspo_cli.eval.benchmarks import build_prompt, load_benchmark
+from gspo_cli.eval.problems import Problem
 from gspo_cli.models import load_policy
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rollout import HFGenerateEngine, SamplingParams
 from gspo_cli.train.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
+    restore_weights,
     save_checkpoint,
     set_rng_state,
     write_text_atomic,
 )
 from gspo_cli.train.console import TrainingDisplay
 from gspo_cli.train.engine import TRAIN_ENGINES, FrozenPolicy, TrainEngine
-from gspo_cli.train.heldout import heldout_accuracy
+from gspo_cli.train.heldout import heldout_accuracy, rows_as_problems
 from gspo_cli.train.rewards import RewardModel
 from gspo_cli.train.run_log import RunLog, start_wandb
 from gspo_cli.train.sampler import PromptSampler
@@ -83,6 +86,18 @@ def load_problems(recipe: Recipe, tokenizer: PreTrainedTokenizerBase, split: str
             f"data: no {split} prompt fits data.max_prompt_tokens={data.max_prompt_tokens}"
         )
     return Problems([rows[i] for i in keep], [prompts[i] for i in keep])
+
+
+def heldout_problems(recipe: Recipe, tokenizer: PreTrainedTokenizerBase) -> list[Problem]:
+    """What periodic evaluation runs on: eval.benchmark when set, else the held-out split."""
+    cfg = recipe.eval
+    if cfg.benchmark:
+        problems = load_benchmark(
+            cfg.benchmark, cfg.data, start=cfg.start, end=cfg.end, limit=cfg.num_problems
+        )
+        return [replace(p, question=build_prompt(p)) for p in problems]
+    held_out = load_problems(recipe, tokenizer, "test")
+    return rows_as_problems(held_out.rows[: cfg.num_problems], recipe.data.prompt_template)
 
 
 def eval_params(recipe: Recipe) -> SamplingParams:
@@ -161,13 +176,8 @@ def train(
         seed=recipe.trainer.seed,
         trust_remote_code=recipe.model.trust_remote_code,
     )
-    train_set, eval_set = (
-        load_problems(recipe, tokenizer, "train"),
-        load_problems(recipe, tokenizer, "test"),
-    )
-    eval_set = Problems(
-        eval_set.rows[: recipe.eval.num_problems], eval_set.prompts[: recipe.eval.num_problems]
-    )
+    train_set = load_problems(recipe, tokenizer, "train")
+    eval_problems = heldout_problems(recipe, tokenizer)
     model.to(device)
     if recipe.cold_start.enabled:
         model = run_cold_start(recipe, model, tokenizer, train_set, run_dir, console).to(device)
@@ -188,12 +198,7 @@ def train(
 
     def evaluate(step: int) -> float:
         values = heldout_accuracy(
-            rollout_engine,
-            eval_set.prompts,
-            eval_set.rows,
-            reward,
-            eval_params(recipe),
-            recipe.trainer.seed + 7,
+            rollout_engine, tokenizer, eval_problems, eval_params(recipe), recipe.trainer.seed + 7
         )
         log.evaluation(step, values)
         return values["accuracy"]
@@ -249,6 +254,8 @@ def train(
                 )
             result.steps_done = step
     _finish(console, run_dir, result)
+    if log.wandb_run is not None:
+        log.wandb_run.finish()
     return result
 
 
@@ -283,14 +290,7 @@ def _resume(run_dir: Path, engine: TrainEngine, sampler: PromptSampler, log: Run
         log.truncate_after(-1)
         return 0
     state = load_trainer_state(folder)
-    from safetensors.torch import load_file
-
-    weights = load_file(str(folder / "model.safetensors"))
-    missing, unexpected = engine.model.load_state_dict(weights, strict=False)
-    if unexpected or any(not k.endswith("lm_head.weight") for k in missing):
-        raise GspoError(f"checkpoint {folder} does not match the model: {missing or unexpected}")
-    if missing:  # tied embeddings are saved once
-        engine.model.tie_weights()
+    restore_weights(engine.model, folder)
     engine.load_state_dict(state["engine"])
     sampler.load_state_dict(state["sampler"])
     set_rng_state(state["rng"])
@@ -345,19 +345,15 @@ def run_sft_only(
         seed=recipe.trainer.seed,
         trust_remote_code=recipe.model.trust_remote_code,
     )
-    train_set, eval_set = (
-        load_problems(recipe, tokenizer, "train"),
-        load_problems(recipe, tokenizer, "test"),
-    )
+    train_set = load_problems(recipe, tokenizer, "train")
+    eval_problems = heldout_problems(recipe, tokenizer)
     model = run_cold_start(recipe, model.to(device), tokenizer, train_set, run_dir, console).to(
         device
     )
-    n = recipe.eval.num_problems
     values = heldout_accuracy(
         HFGenerateEngine(model, tokenizer),
-        eval_set.prompts[:n],
-        eval_set.rows[:n],
-        RewardModel(recipe.reward),
+        tokenizer,
+        eval_problems,
         eval_params(recipe),
         recipe.trainer.seed + 7,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from gspo_cli.errors import GspoError
@@ -16,7 +17,7 @@ class RewardModel:
     def __init__(self, cfg: RewardConfig) -> None:
         default_math_pool(cfg.num_workers, cfg.timeout_s)  # size the verifier pool from the recipe
         self.functions: list[tuple[str, RewardFn, float]] = [
-            (f.name, REWARDS.get(f.name), f.weight) for f in cfg.functions
+            (f.name, partial(REWARDS.get(f.name), **f.options), f.weight) for f in cfg.functions
         ]
 
     def __call__(

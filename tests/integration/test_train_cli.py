@@ -158,3 +158,12 @@ def test_corrupted_checkpoint_is_reported(tiny_recipe, tmp_path: Path) -> None: 
     result = run_cli("train", str(bigger), "--out", str(out), "--resume")
     assert result.returncode == 2
     assert "is corrupted" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_wandb_offline_logging_needs_no_network(tiny_recipe, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    recipe = tiny_recipe(trainer={"steps": 1}, logging={"wandb": True, "wandb_mode": "offline"})
+    out = tmp_path / "run"
+    result = run_cli("train", str(recipe), "--out", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))

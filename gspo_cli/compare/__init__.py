@@ -1,0 +1,108 @@
+"""`gspo compare`: runs side by side as a table, PNG plots, summary.md and summary.json.
+
+Entry point: `compare_runs`. Module map: runs/results (read run folders), series (curves,
+smoothing, x axes), verdicts (stability), stats (numbers and differences), table (rich and
+markdown), plots (matplotlib Agg PNGs), report (summary files).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from gspo_cli.compare.plots import write_plots
+from gspo_cli.compare.report import remove_stale_plots, write_reports
+from gspo_cli.compare.runs import Problems, Run, load_runs
+from gspo_cli.compare.series import HELDOUT, RATIO_SPREAD, X_LABELS, X_SOURCES
+from gspo_cli.compare.stats import compare
+from gspo_cli.compare.table import build_rows, rich_table
+
+__all__ = ["DEFAULT_OUT", "compare_runs"]
+
+# Reused (overwritten) by every comparison that names no --out; printed at the end.
+DEFAULT_OUT = Path("comparisons") / "latest"
+EXIT_OK, EXIT_NOTHING = 0, 2
+
+
+def selected_metrics(
+    metrics: list[str] | None, runs: list[Run], problems: Problems
+) -> list[str] | None:
+    """--metrics as a list ("a,b" items are split); a name no run has is reported."""
+    if metrics is None:
+        return None
+    names = list(dict.fromkeys(n.strip() for item in metrics for n in item.split(",")))
+    names = [n for n in names if n]
+    if not names:
+        return None
+    known = {k for run in runs for record in run.records for k in record} | {"eval"}
+    known |= {HELDOUT} if any(run.heldout for run in runs) else set()
+    known |= {RATIO_SPREAD} if "seq_ratio_max" in known and "seq_ratio_min" in known else set()
+    for name in names:
+        if name not in known:
+            problems.warning(
+                "--metrics", f"no run has {name!r} (known: {', '.join(sorted(known))})"
+            )
+    return names
+
+
+def _check_axis(runs: list[Run], x: str, problems: Problems) -> None:
+    if x not in X_SOURCES:
+        return
+    for run in runs:
+        if not run.has(X_SOURCES[x]):
+            problems.warning(
+                run.path, f"no {X_SOURCES[x]} in metrics.jsonl: left out of the plots against {x}"
+            )
+
+
+def compare_runs(
+    run_dirs: list[Path],
+    *,
+    metrics: list[str] | None = None,
+    x: str = "step",
+    smooth: int = 1,
+    out: Path | None = None,
+    baseline: Path | None = None,
+    console: Console,
+) -> int:
+    """Compare run folders; return 0 when at least one run was compared, else 2.
+
+    x: "step", "tokens" (cumulative completion_tokens) or "time" (cumulative time_step_s).
+    smooth: trailing moving-average window in steps (1 = raw). metrics: restricts the curves
+    plotted and the rows tabled (None = all). out: the output folder (None = DEFAULT_OUT).
+    baseline: the run differences are taken against (None = the first valid run).
+    Every problem is printed as one line `error|warning: <where>: <what>`; invalid folders are
+    skipped. An unusable --x/--smooth, no valid run, or an unwritable out folder return 2.
+    """
+    problems = Problems(console)
+    if x not in X_LABELS:
+        problems.error("--x", f"unknown axis {x!r}; choose one of: {', '.join(X_LABELS)}")
+        return EXIT_NOTHING
+    if smooth < 1:
+        problems.error("--smooth", f"the window must be at least 1 step, got {smooth}")
+        return EXIT_NOTHING
+    runs, base = load_runs(run_dirs, baseline, problems)
+    if not runs or base is None:
+        problems.error("runs", f"none of the {len(run_dirs)} folder(s) given is a valid run")
+        return EXIT_NOTHING
+    wanted = selected_metrics(metrics, runs, problems)
+    _check_axis(runs, x, problems)
+    cmp = compare(runs, base, x, smooth, wanted)
+    rows = build_rows(cmp)
+    console.print(rich_table(cmp, rows))
+    out_dir = Path(out) if out is not None else DEFAULT_OUT
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_plots(out_dir)
+        plots = write_plots(cmp, out_dir)
+        write_reports(cmp, rows, plots, problems.lines, out_dir)
+    except OSError as exc:
+        problems.error(out_dir, f"cannot write the comparison ({exc.strerror or exc})")
+        return EXIT_NOTHING
+    console.print(
+        f"wrote {len(plots)} plot(s), summary.md and summary.json to {out_dir}",
+        highlight=False,
+        markup=False,
+    )
+    return EXIT_OK

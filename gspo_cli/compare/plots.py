@@ -1,0 +1,156 @@
+"""PNG plots, one per metric, one line per run, drawn headless with matplotlib's Agg canvas.
+
+Every image is FIGSIZE inches at DPI: 8 x 4.5 in at 100 dpi = 800 x 450 px. With --smooth W > 1
+the smoothed curve is drawn solid over the raw one (faint); held-out accuracy (sparse evals) is
+never smoothed. NaN/inf points are left as gaps, and the step where a verdict fired is marked
+with a dotted vertical line in the run's colour. A plot whose metric no run has is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gspo_cli.compare.series import (
+    HELDOUT,
+    RATIO_SPREAD,
+    X_LABELS,
+    Series,
+    metric_series,
+    smooth,
+    x_positions,
+)
+from gspo_cli.compare.stats import Comparison, RunReport
+
+FIGSIZE = (8.0, 4.5)
+DPI = 100
+# (title, y label) of the default plots, in order; other metrics get their key as title.
+PLOTS: dict[str, tuple[str, str]] = {
+    "reward_mean": ("Reward (mean per step)", "reward"),
+    HELDOUT: ("Held-out accuracy", "accuracy"),
+    "clip_frac": ("Clip fraction", "share of tokens clipped"),
+    RATIO_SPREAD: ("Sequence-ratio spread (max - min per step)", "seq_ratio_max - seq_ratio_min"),
+    "entropy": ("Policy entropy", "entropy (nats/token)"),
+    "grad_norm": ("Gradient norm", "grad norm (before clipping)"),
+    "response_len_mean": ("Mean response length", "tokens"),
+    "expert_volatility": ("MoE expert-routing volatility", "share of routed experts changed"),
+}
+# Which verdicts are marked on which plot.
+MARKS = {
+    "reward_mean": ("non_finite", "reward_collapse"),
+    "grad_norm": ("non_finite",),
+    "entropy": ("entropy_collapse",),
+}
+MARK_LABELS = {"non_finite": "NaN/inf", "reward_collapse": "collapse", "entropy_collapse": "H"}
+
+
+def plot_keys(cmp: Comparison) -> list[str]:
+    """The metrics to plot: --metrics when given (without "eval"), else the default set."""
+    if cmp.metrics is None:
+        return list(PLOTS)
+    return [m for m in cmp.metrics if m != "eval"]
+
+
+def _curves(report: RunReport, key: str, cmp: Comparison) -> list[tuple[Any, Any, bool]]:
+    """(x, y, is_raw) lines of one run; empty when it lacks the metric or the x axis."""
+    series = metric_series(report.run, key)
+    if series is None:
+        return []
+    xs = x_positions(report.run, cmp.x, series.steps)
+    if xs is None:
+        return []
+    clean = Series(series.steps, np.where(np.isfinite(series.values), series.values, np.nan))
+    if cmp.smooth <= 1 or key == HELDOUT:
+        return [(xs, clean.values, False)]
+    return [(xs, clean.values, True), (xs, smooth(clean, cmp.smooth).values, False)]
+
+
+def _mark(ax: Any, report: RunReport, key: str, cmp: Comparison, color: Any) -> None:
+    for issue in report.issues:
+        if issue.kind not in MARKS.get(key, ()):
+            continue
+        xs = x_positions(report.run, cmp.x, np.array([issue.step]))
+        if xs is None:
+            continue
+        ax.axvline(float(xs[0]), color=color, linestyle=":", linewidth=1.2)
+        ax.annotate(
+            MARK_LABELS[issue.kind],
+            (float(xs[0]), 1.0),
+            xycoords=("data", "axes fraction"),
+            color=color,
+            fontsize=8,
+            ha="left",
+            va="top",
+        )
+
+
+def _save_atomic(fig: Any, path: Path) -> None:
+    """Render to a temporary file next to `path`, then rename: readers never see half a PNG."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=DPI)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def draw(cmp: Comparison, key: str, path: Path) -> bool:
+    """Write the plot of `key` to `path`; False (nothing written) when no run has it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=FIGSIZE, dpi=DPI)
+    FigureCanvasAgg(fig)  # Agg: headless, no display, no global pyplot state
+    ax = fig.add_subplot()
+    drawn = False
+    for index, report in enumerate(cmp.reports):
+        color = f"C{index % 10}"
+        for xs, ys, raw in _curves(report, key, cmp):
+            label = None if raw else f"{report.run.name} ({report.stats['algorithm']})"
+            marker = "o" if len(xs) < 30 else None
+            ax.plot(
+                xs,
+                ys,
+                color=color,
+                alpha=0.25 if raw else 1.0,
+                label=label,
+                marker=marker,
+                markersize=3,
+            )
+            drawn = True
+        _mark(ax, report, key, cmp, color)
+    if not drawn:
+        return False
+    title, ylabel = PLOTS.get(key, (key, key))
+    suffix = (
+        f" (trailing mean over {cmp.smooth} steps)" if cmp.smooth > 1 and key != HELDOUT else ""
+    )
+    ax.set_title(title + suffix)
+    ax.set_xlabel(X_LABELS[cmp.x])
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()  # keeps the figure size: no bbox_inches="tight"
+    _save_atomic(fig, path)
+    return True
+
+
+def write_plots(cmp: Comparison, out_dir: Path) -> list[Path]:
+    """Every plot some run has data for, as `<metric>.png` in `out_dir`."""
+    written = []
+    for key in plot_keys(cmp):
+        path = out_dir / f"{safe_name(key)}.png"
+        if draw(cmp, key, path):
+            written.append(path)
+    return written
+
+
+def safe_name(key: str) -> str:
+    """A file name for a metric key (keys are identifiers, but --metrics is user input)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in key).strip(".") or "metric"

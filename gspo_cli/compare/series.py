@@ -1,0 +1,95 @@
+"""Metric curves of a run: derived metrics, trailing smoothing over steps, and x-axis positions.
+
+x axes:
+- step: the RL step.
+- tokens: cumulative completion_tokens.
+- time: cumulative time_step_s (seconds).
+When a run logs only some steps, a record stands for every step since the previous record, so
+runs logged at different intervals stay aligned on the same axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gspo_cli.compare.runs import Run
+
+X_LABELS = {
+    "step": "RL step",
+    "tokens": "completion tokens (cumulative)",
+    "time": "wall time in s (cumulative time_step_s)",
+}
+X_SOURCES = {"tokens": "completion_tokens", "time": "time_step_s"}
+HELDOUT, RATIO_SPREAD = "heldout_accuracy", "ratio_spread"
+
+
+@dataclass(frozen=True)
+class Series:
+    """A metric by step; values may be NaN or inf."""
+
+    steps: np.ndarray
+    values: np.ndarray
+
+    def finite(self) -> Series:
+        keep = np.isfinite(self.values)
+        return Series(self.steps[keep], self.values[keep])
+
+
+def metric_series(run: Run, key: str) -> Series | None:
+    """The curve of `key`, including derived ones; None when the run does not have it.
+
+    heldout_accuracy: eval.jsonl / metrics / summary.json (step 0 = before RL).
+    ratio_spread: seq_ratio_max - seq_ratio_min per step.
+    """
+    if key == HELDOUT:
+        if not run.heldout:
+            return None
+        steps = np.array([s for s, _ in run.heldout], dtype=np.int64)
+        return Series(steps, np.array([v for _, v in run.heldout], dtype=np.float64))
+    if key == RATIO_SPREAD:
+        rows = [r for r in run.records if "seq_ratio_max" in r and "seq_ratio_min" in r]
+        if not rows:
+            return None
+        steps = np.array([int(r["step"]) for r in rows], dtype=np.int64)
+        spread = [r["seq_ratio_max"] - r["seq_ratio_min"] for r in rows]
+        return Series(steps, np.array(spread, dtype=np.float64))
+    if not run.has(key):
+        return None
+    return Series(*run.column(key))
+
+
+def smooth(series: Series, window: int) -> Series:
+    """Trailing moving average over the steps (s - window, s], ignoring NaN and inf.
+
+    The window counts steps, not records, so sparse logging is not over-smoothed. A window
+    without any finite value gives NaN; window 1 returns the series unchanged.
+    """
+    if window <= 1 or len(series.steps) == 0:
+        return series
+    finite = np.isfinite(series.values)
+    sums = np.concatenate([[0.0], np.cumsum(np.where(finite, series.values, 0.0))])
+    counts = np.concatenate([[0], np.cumsum(finite)])
+    starts = np.searchsorted(series.steps, series.steps - window, side="right")
+    ends = np.arange(1, len(series.steps) + 1)
+    count = counts[ends] - counts[starts]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = (sums[ends] - sums[starts]) / count
+    return Series(series.steps, np.where(count > 0, mean, np.nan))
+
+
+def x_positions(run: Run, x: str, steps: np.ndarray) -> np.ndarray | None:
+    """Where `steps` of `run` lie on the x axis; None when the run lacks that axis' metric."""
+    if x == "step":
+        return steps.astype(np.float64)
+    source = metric_series(run, X_SOURCES[x])
+    if source is None or not np.isfinite(source.values).any():
+        return None
+    gaps = np.diff(np.concatenate([[0], source.steps]))
+    # A missing value adds nothing rather than poisoning every later position.
+    increments = np.where(np.isfinite(source.values), source.values, 0.0) * gaps
+    cumulative = np.concatenate([[0.0], np.cumsum(increments)])
+    known = np.concatenate([[0], source.steps]).astype(np.float64)
+    positions: np.ndarray = np.interp(steps.astype(np.float64), known, cumulative)
+    return positions

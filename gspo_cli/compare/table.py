@@ -1,0 +1,207 @@
+"""The comparison table: one row per quantity, one column per run, as rich and as markdown.
+
+Cells of runs other than the baseline carry their difference against it in brackets: reward and
+eval values as plain differences, accuracies and clip fractions in percentage points, and
+throughput in tokens/s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from gspo_cli.compare.stats import Comparison, RunReport
+from gspo_cli.compare.verdicts import STABLE, verdict_text
+
+MISSING = "—"
+Row = tuple[str, list[str]]
+Cell = Callable[[RunReport], str | None]
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """A table row: shown when its metric is selected (None: always) and some run has it."""
+
+    label: str
+    metric: str | None
+    cell: Cell
+    delta: str | None = None
+    delta_format: str = "{:+.3f}"
+
+
+def _get(report: RunReport, *keys: str) -> list[Any] | None:
+    values = [report.stats.get(k) for k in keys]
+    return None if any(v is None for v in values) else values
+
+
+def _fmt(fmt: str, *keys: str) -> Cell:
+    """A cell that formats stats `keys` with `fmt`, or is missing when one of them is."""
+
+    def cell(report: RunReport) -> str | None:
+        values = _get(report, *keys)
+        return None if values is None else fmt.format(*values)
+
+    return cell
+
+
+def _algorithm(report: RunReport) -> str:
+    stats = report.stats
+    if stats["clip_low"] is None or stats["clip_high"] is None:
+        return str(stats["algorithm"])
+    return f"{stats['algorithm']} (clip {stats['clip_low']:g}/{stats['clip_high']:g})"
+
+
+def _steps(report: RunReport) -> str:
+    done, planned = report.stats["steps_done"], report.stats["steps_planned"]
+    if planned is None:
+        return f"{done}/?"
+    return f"{done}/{planned}" + (" (in progress)" if done < planned else "")
+
+
+def _clip(report: RunReport) -> str | None:
+    mean = report.stats.get("clip_frac_mean")
+    if mean is None:
+        return None
+    sides = _get(report, "clip_frac_low_mean", "clip_frac_high_mean")
+    return f"{mean:.2%}" + ("" if sides is None else f" (low {sides[0]:.2%} / high {sides[1]:.2%})")
+
+
+def _entropy(report: RunReport) -> str | None:
+    mean = report.stats.get("entropy_mean")
+    if mean is None:
+        return None
+    ends = _get(report, "entropy_first", "entropy_last")
+    return f"{mean:.3f}" + ("" if ends is None else f" ({ends[0]:.3f} → {ends[1]:.3f})")
+
+
+def _heldout(report: RunReport) -> str | None:
+    values = _get(report, "heldout_first", "heldout_last", "heldout_best", "heldout_best_step")
+    if values is None:
+        return None
+    first, last, best, step = values
+    return f"{first:.1%} → {last:.1%} (best {best:.1%} @ {step})"
+
+
+def _eval_cell(label: str) -> Cell:
+    def cell(report: RunReport) -> str | None:
+        entry = report.stats["eval"].get(label)
+        if entry is None:
+            return None
+        low, high = entry["ci_low"], entry["ci_high"]
+        interval = "" if low is None or high is None else f" [{low:.3f}, {high:.3f}]"
+        return f"{entry['value']:.3f}{interval}"
+
+    return cell
+
+
+def _axis_point(cmp: Comparison) -> str:
+    assert cmp.common_x is not None
+    return f"{cmp.common_x:.0f} s" if cmp.x == "time" else f"{cmp.common_x:,.0f}"
+
+
+def row_specs(cmp: Comparison) -> list[RowSpec]:
+    """Every candidate row, in display order."""
+    points = "{:+.1f} pts"
+    specs = [
+        RowSpec("algorithm", None, _algorithm),
+        RowSpec("model", None, lambda r: str(r.stats["model"])),
+        RowSpec("steps done/planned", None, _steps),
+        RowSpec("stability", None, lambda r: verdict_text(r.issues)),
+        RowSpec("final reward", "reward_mean", _fmt("{:.3f}", "final_reward"), "final_reward"),
+        RowSpec(
+            "best reward",
+            "reward_mean",
+            _fmt("{:.3f} @ step {}", "best_reward", "best_reward_step"),
+            "best_reward",
+        ),
+    ]
+    if cmp.common_x is not None:
+        label = f"reward @ {cmp.x} {_axis_point(cmp)}"
+        cell = _fmt("{:.3f}", "reward_at_common_x")
+        specs.append(RowSpec(label, "reward_mean", cell, "reward_at_common_x"))
+    specs.append(
+        RowSpec("held-out acc first → last", "heldout_accuracy", _heldout, "heldout_last", points)
+    )
+    labels = dict.fromkeys(label for r in cmp.reports for label in r.stats["eval"])
+    specs += [RowSpec(f"eval {lb}", "eval", _eval_cell(lb), f"eval:{lb}") for lb in labels]
+    specs += [
+        RowSpec("clip fraction", "clip_frac", _clip, "clip_frac_mean", "{:+.2f} pts"),
+        RowSpec("seq-ratio spread", "ratio_spread", _fmt("{:.4g}", "ratio_spread_mean")),
+        RowSpec("entropy mean (first → last)", "entropy", _entropy),
+        RowSpec("expert volatility", "expert_volatility", _fmt("{:.2%}", "expert_volatility_mean")),
+        RowSpec(
+            "throughput",
+            "tokens_per_s",
+            _fmt("{:,.0f} tok/s", "tokens_per_s_mean"),
+            "tokens_per_s_mean",
+            "{:+,.0f}",
+        ),
+    ]
+    standard = {s.metric for s in specs} | {"clip_frac_low", "clip_frac_high"}
+    extra = [m for m in cmp.metrics or [] if m not in standard]
+    specs += [RowSpec(f"mean {m}", m, _fmt("{:.4g}", f"{m}_mean")) for m in extra]
+    return specs
+
+
+def _delta_text(spec: RowSpec, report: RunReport, cmp: Comparison) -> str:
+    if report is cmp.baseline or spec.delta is None or spec.delta not in report.deltas:
+        return ""
+    delta = report.deltas[spec.delta]
+    if spec.delta_format.endswith("pts"):
+        delta *= 100  # fractions shown as percentages: differences in points
+    return " (" + spec.delta_format.format(delta) + ")"
+
+
+def build_rows(cmp: Comparison) -> list[Row]:
+    """(label, cells) of every selected row that at least one run has."""
+    rows: list[Row] = []
+    for spec in row_specs(cmp):
+        if spec.metric is not None and cmp.metrics is not None:
+            wanted = set(cmp.metrics)
+            if spec.metric == "clip_frac":
+                wanted |= {"clip_frac"} if wanted & {"clip_frac_low", "clip_frac_high"} else set()
+            if spec.metric not in wanted:
+                continue
+        cells = [spec.cell(r) for r in cmp.reports]
+        if all(c is None for c in cells):
+            continue
+        texts = [
+            MISSING if c is None else c + _delta_text(spec, r, cmp)
+            for c, r in zip(cells, cmp.reports, strict=True)
+        ]
+        rows.append((spec.label, texts))
+    return rows
+
+
+def headers(cmp: Comparison) -> list[str]:
+    return [r.run.name + (" (baseline)" if r is cmp.baseline else "") for r in cmp.reports]
+
+
+def rich_table(cmp: Comparison, rows: list[Row]) -> Table:
+    title = f"gspo compare: {len(cmp.reports)} run(s), x = {cmp.x}, smooth = {cmp.smooth}"
+    table = Table(title=title, show_lines=False, header_style="bold")
+    table.add_column("", style="bold", no_wrap=True)
+    for header in headers(cmp):
+        table.add_column(Text(header), overflow="fold")
+    for label, cells in rows:
+        # Text, not markup: run names and intervals may hold square brackets.
+        unstable = label == "stability"
+        styled = [Text(c, style="red" if unstable and c != STABLE else "") for c in cells]
+        table.add_row(Text(label), *styled)
+    return table
+
+
+def markdown_table(cmp: Comparison, rows: list[Row]) -> str:
+    def esc(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = ["| | " + " | ".join(esc(h) for h in headers(cmp)) + " |"]
+    lines.append("|---" * (len(cmp.reports) + 1) + "|")
+    lines += [
+        f"| {esc(label)} | " + " | ".join(esc(c) for c in cells) + " |" for label, cells in rows
+    ]
+    return "\n".join(lines) + "\n"

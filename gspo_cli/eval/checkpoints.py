@@ -1,0 +1,33 @@
+"""Resolve what `gspo eval CHECKPOINT` names: an HF folder, a run folder, or a built-in model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gspo_cli.errors import GspoError
+from gspo_cli.recipe.schema import BUILTIN_PREFIX
+
+LATEST_POINTER = Path("checkpoints") / "latest"
+COLD_START = "cold_start"
+
+
+def resolve_checkpoint(name: str) -> str:
+    """A path or id that `load_policy` accepts: a run folder becomes its latest checkpoint."""
+    if name.startswith(BUILTIN_PREFIX):
+        return name
+    path = Path(name).expanduser()
+    if not path.exists():
+        if name.startswith(("/", ".", "~")) or name.count("/") != 1:
+            raise GspoError(f"checkpoint not found: {name}")
+        return name  # a hub id such as Qwen/Qwen3-8B, loaded if cached
+    if (path / "config.json").is_file():
+        return str(path)
+    pointer = path / LATEST_POINTER
+    if pointer.is_file():
+        folder = path / "checkpoints" / pointer.read_text(encoding="utf-8").strip()
+        if not (folder / "config.json").is_file():
+            raise GspoError(f"{pointer} points to {folder}, which is not an HF checkpoint")
+        return str(folder)
+    if (path / COLD_START / "config.json").is_file():
+        return str(path / COLD_START)
+    raise GspoError(f"{name} is neither an HF checkpoint (config.json) nor a run folder")

@@ -1,0 +1,238 @@
+"""`gspo eval`: sample k responses per problem, judge them, and report metrics with intervals.
+
+The run is resumable: each finished problem is appended to `samples.jsonl` (fsynced) and a rerun
+with `resume=True` skips it. `results.json` is written atomically at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from gspo_cli.data import render_prompt
+from gspo_cli.errors import GspoError
+from gspo_cli.eval.benchmarks import build_prompt, load_benchmark
+from gspo_cli.eval.checkpoints import resolve_checkpoint
+from gspo_cli.eval.problems import Problem
+from gspo_cli.eval.scoring import score_samples
+from gspo_cli.eval.summary import codeforces_elo, summarize
+from gspo_cli.models import load_policy
+from gspo_cli.rollout import HFGenerateEngine, RolloutEngine, SamplingParams
+from gspo_cli.train.checkpoint import write_text_atomic
+
+SAMPLES, RESULTS, SETTINGS = "samples.jsonl", "results.json", "settings.json"
+SEQUENCES_PER_BATCH = 64  # problems x samples per generate call: bounds memory on small machines
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    checkpoint: str
+    benchmark: str
+    samples: int = 4
+    temperature: float = 0.6
+    top_p: float = 0.95
+    max_new_tokens: int = 1024
+    limit: int | None = None
+    data: str | None = None
+    start: str | None = None
+    end: str | None = None
+    standings: str | None = None
+    seed: int = 0
+
+
+def run_eval(
+    settings: EvalSettings, out: Path, *, resume: bool = False, console: Console
+) -> dict[str, Any]:
+    model_path = resolve_checkpoint(settings.checkpoint)  # cheap checks first
+    problems = load_benchmark(
+        settings.benchmark,
+        settings.data,
+        start=settings.start,
+        end=settings.end,
+        limit=settings.limit,
+    )
+    done = _prepare_out(out, settings, resume)
+    model, tokenizer = load_policy(model_path)
+    model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+    engine = HFGenerateEngine(model, tokenizer)
+    params = SamplingParams(
+        settings.temperature, settings.top_p, 0, settings.max_new_tokens, settings.samples
+    )
+    todo = [p for p in problems if p.id not in done]
+    console.print(
+        f"{settings.benchmark}: {len(problems)} problems x {settings.samples} samples "
+        f"({len(done)} already done), T={settings.temperature}, top-p={settings.top_p}, "
+        f"seed {settings.seed}, model {model_path}",
+        highlight=False,
+    )
+    with Progress(
+        TextColumn("[bold]eval[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    ) as progress:
+        task = progress.add_task(
+            "", total=len(problems) * settings.samples, completed=len(done) * settings.samples
+        )
+
+        def finished(record: dict[str, Any]) -> None:
+            _append(out / SAMPLES, record)
+            done[record["id"]] = record
+            progress.advance(task, settings.samples)
+
+        generate_and_judge(engine, tokenizer, todo, params, settings.seed, on_done=finished)
+    records = [done[p.id] for p in problems]
+    results = _results(settings, model_path, problems, records)
+    write_text_atomic(out / RESULTS, json.dumps(results, indent=2))
+    print_results(results, console)
+    return results
+
+
+def generate_and_judge(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    problems: list[Problem],
+    params: SamplingParams,
+    seed: int,
+    *,
+    prompt_for: Callable[[Problem], str] = build_prompt,
+    on_done: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Sample `params.num_samples` responses per problem and judge them, in bounded batches.
+
+    The one code path for `gspo eval` and for periodic evaluation during training. Sampling runs
+    on a forked RNG seeded per batch, so evaluating never changes a training run's samples.
+    """
+    per_batch = max(1, SEQUENCES_PER_BATCH // params.num_samples)
+    records: list[dict[str, Any]] = []
+    for start in range(0, len(problems), per_batch):
+        batch = problems[start : start + per_batch]
+        for record in _evaluate_batch(engine, tokenizer, batch, params, seed + start, prompt_for):
+            records.append(record)
+            if on_done is not None:
+                on_done(record)
+    return records
+
+
+def _evaluate_batch(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    batch: list[Problem],
+    params: SamplingParams,
+    seed: int,
+    prompt_for: Callable[[Problem], str],
+) -> list[dict[str, Any]]:
+    prompts = [render_prompt(tokenizer, prompt_for(p), "{prompt}") for p in batch]
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        rollout = engine.generate(prompts, params)
+    k = params.num_samples
+    records = []
+    for i, problem in enumerate(batch):
+        texts = rollout.texts[i * k : (i + 1) * k]
+        verdicts = score_samples(problem, texts)
+        records.append(
+            {
+                "id": problem.id,
+                "rating": problem.rating,
+                "completions": texts,
+                "answers": verdicts.answers,
+                "verdicts": verdicts.verdicts,
+                "correct": verdicts.correct,
+                "lengths": [len(c) for c in rollout.completion_ids[i * k : (i + 1) * k]],
+                "truncated": rollout.truncated[i * k : (i + 1) * k],
+            }
+        )
+    return records
+
+
+def _prepare_out(out: Path, settings: EvalSettings, resume: bool) -> dict[str, dict[str, Any]]:
+    """Finished problems by id (resume), after checking the settings match the earlier run."""
+    out.mkdir(parents=True, exist_ok=True)
+    settings_file = out / SETTINGS
+    wanted = json.dumps(asdict(settings), indent=2, sort_keys=True)
+    if settings_file.is_file():
+        if not resume:
+            raise GspoError(f"{out} already holds an evaluation: pass --resume, or another --out")
+        if settings_file.read_text(encoding="utf-8") != wanted:
+            raise GspoError(f"--resume: the settings differ from the ones in {settings_file}")
+    write_text_atomic(settings_file, wanted)
+    done: dict[str, dict[str, Any]] = {}
+    if resume and (out / SAMPLES).is_file():
+        for line in (out / SAMPLES).read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+                done[record["id"]] = record
+            except (json.JSONDecodeError, KeyError):
+                continue  # the line a kill cut short: that problem runs again
+    return done
+
+
+def _append(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _results(
+    settings: EvalSettings, model_path: str, problems: list[Problem], records: list[dict[str, Any]]
+) -> dict[str, Any]:
+    kind = problems[0].kind
+    metrics = summarize(records, settings.samples, kind, settings.seed)
+    results: dict[str, Any] = {
+        "benchmark": settings.benchmark,
+        "checkpoint": model_path,
+        "problems": len(problems),
+        "sampling": {
+            "samples": settings.samples,
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "max_new_tokens": settings.max_new_tokens,
+        },
+        "seed": settings.seed,
+        "interval": "95% percentile bootstrap over problems (1000 resamples)",
+        "metrics": metrics,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if settings.benchmark == "codeforces":
+        results["elo"] = codeforces_elo(
+            records, settings.samples, settings.standings, settings.seed
+        )
+    return results
+
+
+def print_results(results: dict[str, Any], console: Console) -> None:
+    table = Table(
+        title=f"{results['benchmark']} ({results['problems']} problems) - {results['checkpoint']}"
+    )
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_column("95% interval", justify="right")
+    for name, value in results["metrics"].items():
+        if isinstance(value, dict):
+            ci = (
+                ""
+                if value["ci_low"] is None
+                else f"[{value['ci_low']:.3f}, {value['ci_high']:.3f}]"
+            )
+            table.add_row(name, f"{value['value']:.3f}", ci)
+        elif value is not None:
+            table.add_row(name, f"{value:.3f}", "")
+    if "elo" in results:
+        elo = results["elo"]
+        shown = "n/a" if elo.get("value") is None else f"{elo['value']:.0f}"
+        table.add_row(f"elo ({elo['method']})", shown, "")
+    console.print(table)
