@@ -54,7 +54,7 @@ def measure(model_path: str, algorithm: str, steps: int, device: str) -> dict[st
             [prompts[i] for i in index],
             [rows[i] for i in index],
             settings,
-            torch.Generator().manual_seed(step),
+            step,
         )
         if step:
             samples.append(out.metrics)

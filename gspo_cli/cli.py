@@ -66,11 +66,23 @@ def train(
     set_: SetOpt = None,
     out: OutOpt = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue a stopped run.")] = False,
+    nproc: Annotated[
+        int, typer.Option("--nproc", min=1, help="Processes per node (DeepSpeed engine).")
+    ] = 1,
+    hostfile: Annotated[
+        Path | None, typer.Option(help="DeepSpeed hostfile for several nodes.")
+    ] = None,
 ) -> None:
     """Run RL training (cold start first when the recipe enables it)."""
+    from gspo_cli.train.launch import launch, under_launcher
     from gspo_cli.train.loop import train as run_training
 
     resolved = load_recipe(recipe, set_)
+    if (nproc > 1 or hostfile) and not under_launcher():
+        if resolved.trainer.engine != "deepspeed":
+            raise GspoError("--nproc/--hostfile need trainer.engine: deepspeed in the recipe")
+        console.print(f"[bold]gspo train[/bold] {_summary(resolved)}", highlight=False)
+        raise typer.Exit(launch(recipe, set_ or [], resolved, out, resume, nproc, hostfile))
     console.print(f"[bold]gspo train[/bold] {_summary(resolved)}", highlight=False)
     run_training(resolved, dump_recipe_yaml(resolved), out=out, resume=resume, console=console)
 

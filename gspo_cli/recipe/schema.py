@@ -119,6 +119,11 @@ class RolloutConfig(Section):
     use_engine_logprobs: bool = Field(
         False, description="Use the rollout engine's log-probs as pi_old (skips one forward)."
     )
+    seed_per_prompt: bool = Field(
+        False,
+        description="Seed each prompt's samples on its own: rollouts then do not depend on how "
+        "prompts are batched or split across ranks (always on with several processes).",
+    )
 
 
 class RewardFunctionConfig(Section):
@@ -186,7 +191,9 @@ class ColdStartConfig(Section):
 
 class TrainerConfig(Section):
     steps: int = Field(100, ge=1, description="RL steps (one rollout batch each).")
-    engine: Literal["torch"] = Field("torch", description="Training engine (plain torch).")
+    engine: Literal["torch", "deepspeed"] = Field(
+        "torch", description="Training engine: torch (one process) or deepspeed (many)."
+    )
     micro_batch_size: int = Field(
         0, ge=0, description="Sequences per forward/backward; 0 = a whole minibatch at once."
     )
@@ -196,6 +203,25 @@ class TrainerConfig(Section):
     checkpoint_every: int = Field(50, ge=1, description="Save a checkpoint every N steps.")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept (oldest removed).")
     log_samples: int = Field(2, ge=0, description="Completions written to samples.jsonl per step.")
+
+
+class DeepSpeedConfig(Section):
+    zero_stage: Literal[0, 1, 2, 3] = Field(2, description="ZeRO stage.")
+    offload_optimizer: bool = Field(False, description="Keep optimizer states in CPU memory.")
+    offload_params: bool = Field(False, description="Keep parameters in CPU memory (ZeRO-3).")
+    config_file: str | None = Field(
+        None,
+        description="A DeepSpeed JSON to start from; batch, clipping, precision and optimizer "
+        "keys come from the recipe and must not contradict it.",
+    )
+
+    _file_exists = field_validator("config_file")(check_exists)
+
+    @model_validator(mode="after")
+    def _offload_params_needs_zero3(self) -> DeepSpeedConfig:
+        if self.offload_params and self.zero_stage != 3:
+            raise ValueError("offload_params needs zero_stage 3")
+        return self
 
 
 class EvalConfig(Section):
@@ -240,6 +266,9 @@ class Recipe(Section):
     cold_start: ColdStartConfig = Field(default_factory=ColdStartConfig, description="SFT first.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="The RL loop.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    deepspeed: DeepSpeedConfig = Field(
+        default_factory=DeepSpeedConfig, description="DeepSpeed engine settings."
+    )
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Outputs.")
 
     @model_validator(mode="after")

@@ -35,7 +35,12 @@ class RolloutBatch:
 class RolloutEngine(Protocol):
     """Generates G responses per prompt with the current policy weights."""
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch: ...
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+    ) -> RolloutBatch:
+        """`params.num_samples` responses per prompt; with `seeds`, prompt i's samples depend
+        only on seeds[i] (not on batching or on which rank generates them)."""
+        ...
 
     def sync_weights(self) -> None:
         """Make the next `generate` use the trainer's latest weights (no-op when shared)."""

@@ -12,27 +12,44 @@ class HFGenerateEngine:
     """Samples from the policy with `model.generate`; shares weights with the trainer."""
 
     def __init__(
-        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_batch: int = 256
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        max_batch: int = 256,
+        synced_gpus: bool = False,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = max_batch  # sequences per generate call, to bound memory
+        self.synced_gpus = synced_gpus  # ZeRO-3: every rank joins every forward
 
     def sync_weights(self) -> None:
         """Nothing to do: generation runs on the training model's own parameters."""
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
-        repeated = [p for p in prompts for _ in range(params.num_samples)]
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+    ) -> RolloutBatch:
         batch = RolloutBatch([], [], [], [], [])
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, len(repeated), self.max_batch):
-                self._generate_chunk(repeated[start : start + self.max_batch], params, batch)
+            if seeds is None:
+                repeated = [p for p in prompts for _ in range(params.num_samples)]
+                for start in range(0, len(repeated), self.max_batch):
+                    self._generate_chunk(repeated[start : start + self.max_batch], params, batch)
+            else:  # one generate call per prompt, on its own seed: slower, batching-independent
+                for prompt, seed in zip(prompts, seeds, strict=True):
+                    with torch.random.fork_rng(devices=self._cuda_devices()):
+                        torch.manual_seed(seed)
+                        self._generate_chunk([prompt] * params.num_samples, params, batch)
         finally:
             self.model.train(was_training)
         return batch
+
+    def _cuda_devices(self) -> list[int]:
+        device = next(self.model.parameters()).device
+        return [device.index or 0] if device.type == "cuda" else []
 
     def _generate_chunk(
         self, prompts: list[list[int]], params: SamplingParams, out: RolloutBatch
@@ -59,6 +76,7 @@ class HFGenerateEngine:
             pad_token_id=pad_id,
             return_dict_in_generate=True,
             output_logits=True,
+            synced_gpus=self.synced_gpus,
         )
         new_tokens = generated.sequences[:, width:].cpu()  # [n, T]
         # Raw logits, scaled by the temperature: the log-probs the trainer computes too.

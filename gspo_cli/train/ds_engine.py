@@ -1,0 +1,155 @@
+"""The DeepSpeed training engine: ZeRO 0-3, bf16 or fp32, offload, derived from the recipe.
+
+Gradient accumulation is driven by the RL step: it calls `backward` once per micro-batch and
+`step` once per minibatch. DeepSpeed is told the number of micro-batches per optimiser step
+(`gradient_accumulation_steps`) so that its own step lands exactly on the minibatch boundary,
+and losses arrive already normalised (`scale_wrt_gas=False`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from gspo_cli.errors import GspoError
+from gspo_cli.recipe.schema import Recipe
+from gspo_cli.train.batch import TrainBatch
+from gspo_cli.train.distributed import DistContext
+from gspo_cli.train.logprobs import response_logprobs
+from gspo_cli.train.schedule import lr_lambda
+
+# Keys the recipe owns; a user's JSON may repeat them only with the same value.
+RECIPE_OWNED = (
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "bf16",
+    "fp16",
+    "optimizer",
+    "scheduler",
+)
+
+
+def micro_batches_per_step(recipe: Recipe, world: int) -> tuple[int, int]:
+    """(micro-batch size, micro-batches per optimiser step) on one rank."""
+    batch = recipe.rollout.num_prompts * recipe.rollout.group_size
+    local_minibatch = batch // recipe.algorithm.minibatches // world
+    micro = recipe.trainer.micro_batch_size or local_minibatch
+    return micro, local_minibatch // micro
+
+
+def deepspeed_config(recipe: Recipe, world: int) -> dict[str, Any]:
+    """The DeepSpeed JSON for this recipe, merged over the user's file if one is given."""
+    cfg = recipe.deepspeed
+    micro, accumulation = micro_batches_per_step(recipe, world)
+    derived: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accumulation,
+        "gradient_clipping": recipe.optimizer.max_grad_norm,
+        "bf16": {"enabled": recipe.model.dtype == "bfloat16"},
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "steps_per_print": 10**9,  # progress is ours
+        "wall_clock_breakdown": False,
+    }
+    zero = derived["zero_optimization"]
+    if cfg.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if cfg.offload_params:
+        zero["offload_param"] = {"device": "cpu"}
+    if cfg.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    if cfg.config_file is None:
+        return derived
+    try:
+        user = json.loads(Path(cfg.config_file).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise GspoError(f"deepspeed.config_file: cannot read {cfg.config_file}: {exc}") from None
+    for key in RECIPE_OWNED:
+        if key in user and key in derived and user[key] != derived[key]:
+            raise GspoError(
+                f"deepspeed.config_file: {key}={user[key]!r} contradicts the recipe "
+                f"({derived[key]!r}); remove it from the JSON"
+            )
+        if key in ("optimizer", "scheduler") and key in user:
+            raise GspoError(
+                f"deepspeed.config_file: '{key}' is set by the recipe's optimizer section"
+            )
+    merged = {**user, **derived}
+    merged["zero_optimization"] = {**user.get("zero_optimization", {}), **zero}
+    return merged
+
+
+class DeepSpeedEngine:
+    """A `TrainEngine` on `deepspeed.initialize`, with the recipe's AdamW and schedule."""
+
+    def __init__(self, model: PreTrainedModel, recipe: Recipe, ctx: DistContext) -> None:
+        import deepspeed
+
+        opt = recipe.optimizer
+        total_steps = recipe.trainer.steps * recipe.algorithm.minibatches
+        optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=opt.lr,
+            betas=opt.betas,
+            eps=opt.eps,
+            weight_decay=opt.weight_decay,
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lr_lambda(opt.schedule, opt.warmup_steps, total_steps, opt.min_lr_ratio)
+        )
+        self.ctx = ctx
+        self.zero_stage = recipe.deepspeed.zero_stage
+        self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            lr_scheduler=scheduler,
+            config=deepspeed_config(recipe, ctx.world),
+        )
+        self.model: PreTrainedModel = self.ds.module
+
+    def logprobs(self, batch: TrainBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        device = self.ds.device
+        on_device = TrainBatch(*(t.to(device) for t in batch[:4]), batch.prompt_width)
+        return response_logprobs(self.ds, on_device, temperature)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # DeepSpeed averages gradients over ranks; the loss is normalised by global counts, so
+        # multiplying by the world size turns that average into the global sum.
+        self.ds.backward(loss * self.ctx.world, scale_wrt_gas=False)
+        self.ds.step()  # applies the optimiser only on the accumulation boundary
+
+    def step(self) -> float:
+        if not self.ds.was_step_applied():
+            raise RuntimeError("DeepSpeed did not step at the minibatch boundary")
+        norm = self.ds.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    @property
+    def lr(self) -> float:
+        return float(self.ds.get_lr()[0])
+
+    def save_state(self, folder: Path) -> None:
+        """Collective: every rank writes its ZeRO shards."""
+        self.ds.save_checkpoint(str(folder / "deepspeed"), tag="state")
+
+    def load_state(self, folder: Path) -> None:
+        path, _ = self.ds.load_checkpoint(
+            str(folder / "deepspeed"), tag="state", load_module_strict=False
+        )
+        if path is None:
+            raise GspoError(f"checkpoint {folder}: no DeepSpeed state to resume from")
+
+    def save_model(self, path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
+        """Collective under ZeRO-3 (weights are gathered); rank 0 writes the HF folder."""
+        if self.zero_stage == 3:
+            state = self.ds._zero3_consolidated_16bit_state_dict()
+            if self.ctx.is_main:
+                self.model.save_pretrained(path, state_dict=state)
+        elif self.ctx.is_main:
+            self.model.save_pretrained(path)
+        if self.ctx.is_main:
+            tokenizer.save_pretrained(path)

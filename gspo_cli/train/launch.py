@@ -1,0 +1,84 @@
+"""Start `gspo train` on several processes: torchrun on one node, the DeepSpeed launcher on many.
+
+The parent checks everything a user can get wrong (recipe, run folder) before launching, so that
+mistakes are one clear line rather than one traceback per rank.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from gspo_cli.errors import GspoError
+from gspo_cli.recipe.schema import Recipe
+
+
+def under_launcher() -> bool:
+    """True inside a process started by torchrun or the DeepSpeed launcher."""
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(
+    recipe_file: Path,
+    overrides: list[str],
+    recipe: Recipe,
+    out: Path | None,
+    resume: bool,
+    nproc: int,
+    hostfile: Path | None,
+) -> int:
+    """Run the training command under a launcher; returns its exit code."""
+    run_dir = out or Path(recipe.trainer.out_dir) / recipe.name
+    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
+        raise GspoError(
+            f"run folder {run_dir} already exists: pass --resume to continue it, or --out"
+        )
+    if recipe.rollout.num_prompts % nproc:
+        raise GspoError(
+            f"rollout.num_prompts ({recipe.rollout.num_prompts}) must be a multiple of "
+            f"--nproc ({nproc}): ranks take whole groups"
+        )
+    args = ["train", str(recipe_file), "--out", str(run_dir)]
+    args += [item for o in overrides for item in ("--set", o)]
+    args += ["--resume"] if resume else []
+    if hostfile is not None:
+        if not hostfile.is_file():
+            raise GspoError(f"--hostfile: file not found: {hostfile}")
+        command = [
+            "deepspeed",
+            "--hostfile",
+            str(hostfile),
+            "--num_gpus",
+            str(nproc),
+            "--master_port",
+            str(_free_port()),
+            "--module",
+            "gspo_cli.cli",
+            *args,
+        ]
+    else:
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(nproc),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(_free_port()),
+            "-m",
+            "gspo_cli.cli",
+            *args,
+        ]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return subprocess.call(command, env=env)
