@@ -40,6 +40,7 @@ test: setup lint
 bench: setup
 	$(BIN)/python benchmarks/rl_step_throughput.py
 	$(BIN)/python benchmarks/sandbox_throughput.py
+	$(BIN)/python benchmarks/engine_throughput.py
 
 # The main job: cold start + GSPO on the built-in task, on CPU, offline; prints held-out accuracy.
 quickstart: setup

@@ -44,6 +44,7 @@ from gspo_cli.train.setup import (
     eval_params,
     heldout_problems,
     load_problems,
+    load_recipe_model,
     peak_memory_mb,
     prepare_run_dir,
     resolve_device,
@@ -75,12 +76,7 @@ def train(
     console = (console or Console()) if ctx.is_main else Console(quiet=True)
     run_dir = _run_dir(recipe, out, resume, recipe_yaml, ctx)
     torch.manual_seed(recipe.trainer.seed)
-    model, tokenizer = load_policy(
-        recipe.model.path,
-        dtype=recipe.model.dtype,
-        seed=recipe.trainer.seed,
-        trust_remote_code=recipe.model.trust_remote_code,
-    )
+    model, tokenizer = load_recipe_model(recipe)
     train_set = load_problems(recipe, tokenizer, "train")
     eval_problems = heldout_problems(recipe, tokenizer)
     model.to(device)
@@ -302,12 +298,7 @@ def run_sft_only(
     console = console or Console()
     run_dir = prepare_run_dir(recipe, out, False, recipe_yaml)
     device = resolve_device(recipe.trainer.device)
-    model, tokenizer = load_policy(
-        recipe.model.path,
-        dtype=recipe.model.dtype,
-        seed=recipe.trainer.seed,
-        trust_remote_code=recipe.model.trust_remote_code,
-    )
+    model, tokenizer = load_recipe_model(recipe)
     train_set = load_problems(recipe, tokenizer, "train")
     eval_problems = heldout_problems(recipe, tokenizer)
     model = run_cold_start(recipe, model.to(device), tokenizer, train_set, run_dir, console).to(

@@ -46,6 +46,16 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+def load_recipe_model(recipe: Recipe) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The recipe's starting policy and tokenizer (seeded, for built-in models)."""
+    return load_policy(
+        recipe.model.path,
+        dtype=recipe.model.dtype,
+        seed=recipe.trainer.seed,
+        trust_remote_code=recipe.model.trust_remote_code,
+    )
+
+
 def load_problems(recipe: Recipe, tokenizer: PreTrainedTokenizerBase, split: str) -> Problems:
     data = recipe.data
     if split == "train":

@@ -17,6 +17,7 @@ from gspo_cli.train.batch import TrainBatch, build_train_batch, pad_logprobs
 from gspo_cli.train.distributed import LOCAL, TOKEN_WEIGHTED, DistContext
 from gspo_cli.train.engine import LogprobModel, TrainEngine
 from gspo_cli.train.rewards import RewardModel
+from gspo_cli.train.routing import routed_experts, routing_volatility
 
 
 @dataclass
@@ -111,6 +112,8 @@ def rl_step(
         old_lp = _forward_no_grad(engine, batch, micro, temperature)  # [N, T]
     ref_lp = _forward_no_grad(ref_engine, batch, micro, temperature) if ref_engine else None
 
+    probe = batch.select(torch.arange(min(n, micro))).trimmed()  # routing before the updates
+    routing_before = routed_experts(engine.model, probe)
     parts: dict[str, list[float]] = defaultdict(list)
     for minibatch in minibatch_split(len(prompts), g, algo.minibatches, step_seed, group_offset):
         norm = ctx.all_reduce_sum(loss_normalizer(batch.response_mask[minibatch], algo.loss_agg))
@@ -142,6 +145,10 @@ def rl_step(
         parts["loss"].append(minibatch_loss)
         parts["grad_norm"].append(engine.step())
     t_train = time.perf_counter()
+    if routing_before is not None:  # MoE: how many routed experts the step's updates changed
+        routing_after = routed_experts(engine.model, probe)
+        assert routing_after is not None
+        parts["expert_volatility"].append(routing_volatility(routing_before, routing_after))
     summary = _summarise(
         parts,
         rollout,
