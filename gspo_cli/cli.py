@@ -8,10 +8,12 @@ from typing import Annotated
 
 import typer
 import yaml
+from pydantic import ValidationError
 from rich.console import Console
 
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe import Recipe, RecipeError, load_recipe
+from gspo_cli.recipe.loader import describe_error
 from gspo_cli.registry import UnknownNameError
 
 app = typer.Typer(
@@ -171,7 +173,10 @@ def eval_(
         standings=merged["standings"],
         seed=merged["seed"],
     )
-    EvalConfig.model_validate({k: merged[k] for k in EvalConfig.model_fields})  # range checks
+    try:  # the same range and file checks as a recipe's eval section
+        EvalConfig.model_validate({k: merged[k] for k in EvalConfig.model_fields})
+    except ValidationError as exc:
+        raise RecipeError("gspo eval", [describe_error(e) for e in exc.errors()]) from None
     run_eval(settings, out or Path("evals") / settings.benchmark, resume=resume, console=console)
 
 

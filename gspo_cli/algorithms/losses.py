@@ -82,9 +82,11 @@ def gspo_token_loss(
 ) -> TokenLoss:
     """GSPO-token, Eq. 13 and 14: s_it = sg[s_i] * pi(y_it) / sg[pi(y_it)], per-token advantages."""
     log_s = sequence_log_ratio(logprobs, old_logprobs, mask).detach()  # [B]
+    # Where GSPO's clamp binds its gradient is 0; give GSPO-token the same (Eq. 14 equality).
+    in_range = (log_s.abs() <= LOG_RATIO_CLAMP).to(logprobs.dtype).unsqueeze(1)  # [B, 1]
     log_s = log_s.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     # Value s_i, gradient s_i * d log pi(y_it): exp(lp - sg(lp)) is 1 with gradient 1.
-    s_it = log_s.exp().unsqueeze(1) * (logprobs - logprobs.detach()).exp()  # [B, T]
+    s_it = log_s.exp().unsqueeze(1) * ((logprobs - logprobs.detach()) * in_range).exp()  # [B, T]
     token_loss = _clipped_objective(s_it, advantages, clip_low, clip_high)  # [B, T]
     return TokenLoss(token_loss, s_it.detach())
 

@@ -23,6 +23,7 @@ from gspo_cli.data import render_prompt
 from gspo_cli.errors import GspoError
 from gspo_cli.eval.benchmarks import build_prompt, load_benchmark
 from gspo_cli.eval.checkpoints import resolve_checkpoint
+from gspo_cli.eval.codeelo import load_standings_cache
 from gspo_cli.eval.problems import Problem
 from gspo_cli.eval.scoring import score_samples
 from gspo_cli.eval.summary import codeforces_elo, summarize
@@ -61,6 +62,11 @@ def run_eval(
         end=settings.end,
         limit=settings.limit,
     )
+    if settings.standings:  # read it now: a bad cache must not waste the generation
+        try:
+            load_standings_cache(settings.standings)
+        except ValueError as exc:
+            raise GspoError(f"--standings: {exc}") from None
     done = _prepare_out(out, settings, resume)
     model, tokenizer = load_policy(model_path)
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
@@ -68,7 +74,6 @@ def run_eval(
     params = SamplingParams(
         settings.temperature, settings.top_p, 0, settings.max_new_tokens, settings.samples
     )
-    todo = [p for p in problems if p.id not in done]
     console.print(
         f"{settings.benchmark}: {len(problems)} problems x {settings.samples} samples "
         f"({len(done)} already done), T={settings.temperature}, top-p={settings.top_p}, "
@@ -92,7 +97,9 @@ def run_eval(
             done[record["id"]] = record
             progress.advance(task, settings.samples)
 
-        generate_and_judge(engine, tokenizer, todo, params, settings.seed, on_done=finished)
+        generate_and_judge(
+            engine, tokenizer, problems, params, settings.seed, on_done=finished, skip=set(done)
+        )
     records = [done[p.id] for p in problems]
     results = _results(settings, model_path, problems, records)
     write_text_atomic(out / RESULTS, json.dumps(results, indent=2))
@@ -109,17 +116,25 @@ def generate_and_judge(
     *,
     prompt_for: Callable[[Problem], str] = build_prompt,
     on_done: Callable[[dict[str, Any]], None] | None = None,
+    skip: set[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Sample `params.num_samples` responses per problem and judge them, in bounded batches.
 
-    The one code path for `gspo eval` and for periodic evaluation during training. Sampling runs
-    on a forked RNG seeded per batch, so evaluating never changes a training run's samples.
+    The one code path for `gspo eval` and for periodic evaluation during training. Batches are
+    fixed slices of the full problem list, each sampled on a forked RNG seeded by its position:
+    a resumed run (`skip` = ids already done) regenerates a partly done batch identically and
+    records only its missing problems, and evaluating never changes a training run's RNG.
     """
     per_batch = max(1, SEQUENCES_PER_BATCH // params.num_samples)
+    skip = skip or set()
     records: list[dict[str, Any]] = []
     for start in range(0, len(problems), per_batch):
         batch = problems[start : start + per_batch]
+        if all(p.id in skip for p in batch):
+            continue
         for record in _evaluate_batch(engine, tokenizer, batch, params, seed + start, prompt_for):
+            if record["id"] in skip:
+                continue
             records.append(record)
             if on_done is not None:
                 on_done(record)

@@ -23,6 +23,15 @@ from gspo_cli.eval.metrics import (
 CODEFORCES_ID = re.compile(r"^codeforces/(?P<contest>\d+)_(?P<index>\w+)$")
 
 
+def answer_key(answer: str) -> str:
+    """Votes for maj@k: "025", " 25" and "$25$" are one answer; integers compare as integers."""
+    text = answer.strip().strip("$").replace(" ", "")
+    try:
+        return str(int(text))
+    except ValueError:
+        return text
+
+
 def _metric(value: float, ci: tuple[float, float] | None) -> dict[str, float | None]:
     return {"value": value, "ci_low": ci[0] if ci else None, "ci_high": ci[1] if ci else None}
 
@@ -42,7 +51,7 @@ def summarize(records: Sequence[dict[str, Any]], k: int, kind: str, seed: int) -
         pairs = [(r["answers"], r["correct"]) for r in records]
 
         def maj(items: Sequence[tuple[list[str | None], list[bool]]]) -> float:
-            return mean_maj_at_k([a for a, _ in items], [c for _, c in items], k)
+            return mean_maj_at_k([a for a, _ in items], [c for _, c in items], k, key=answer_key)
 
         metrics[f"maj@{k}"] = _metric(maj(pairs), bootstrap_statistic_ci(pairs, maj, seed=seed))
     lengths = [n for r in records for n in r["lengths"]]
@@ -68,6 +77,11 @@ def codeforces_elo(
             match = CODEFORCES_ID.match(r["id"])
             if match and match["contest"] in wanted:
                 attempts.setdefault(match["contest"], {})[match["index"]] = r["correct"][:8]
+        if not attempts:
+            return {
+                "method": "codeelo: no evaluated problem belongs to a cached contest",
+                "value": None,
+            }
         result = codeelo_rating([c for c in contests if c.id in attempts], attempts)
         return {
             "method": "codeelo (rank among rated contestants, mean over contests)",

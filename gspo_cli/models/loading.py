@@ -22,6 +22,18 @@ hf_logging.disable_progress_bar()  # gspo's own display reports progress
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def disable_dropout(model: PreTrainedModel) -> PreTrainedModel:
+    """Dropout off everywhere: with it, on-policy ratios are not 1 and GSPO's 3e-4 clip range
+    would be hit by noise alone. (Rollouts run in eval mode, log-probs in train mode.)"""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name in ("attention_dropout", "attn_dropout", "dropout_rate"):
+            if isinstance(getattr(module, name, None), float):
+                setattr(module, name, 0.0)
+    return model
+
+
 def load_policy(
     path: str, *, dtype: str = "float32", seed: int = 0, trust_remote_code: bool = False
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -31,7 +43,7 @@ def load_policy(
             model, tokenizer = create_builtin(path.removeprefix(BUILTIN_PREFIX), seed)
         except KeyError as exc:
             raise GspoError(f"model.path: {exc}") from None
-        return model.to(DTYPES[dtype]), tokenizer
+        return disable_dropout(model.to(DTYPES[dtype])), tokenizer
     local = Path(path).expanduser()
     if path.startswith(("/", ".", "~")) and not local.exists():
         raise GspoError(f"model.path: no such folder: {path}")
@@ -48,4 +60,4 @@ def load_policy(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    return model, tokenizer
+    return disable_dropout(model), tokenizer

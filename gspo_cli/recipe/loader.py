@@ -109,10 +109,10 @@ def validate_recipe(raw: dict[str, Any], source: str) -> Recipe:
     try:
         return Recipe.model_validate(raw)
     except ValidationError as exc:
-        raise RecipeError(source, [_describe(err) for err in exc.errors()]) from None
+        raise RecipeError(source, [describe_error(err) for err in exc.errors()]) from None
 
 
-def _describe(err: Any) -> str:
+def describe_error(err: Any) -> str:
     loc = [str(part) for part in err["loc"]]
     where = ".".join(loc) or "recipe"
     if err["type"] == "extra_forbidden":

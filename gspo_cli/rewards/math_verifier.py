@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing as mp
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import CancelledError, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -63,19 +63,24 @@ class MathVerifierPool:
     def score(self, completions: list[str], answers: list[str]) -> list[float]:
         if len(completions) != len(answers):
             raise ValueError(f"{len(completions)} completions but {len(answers)} answers")
-        futures = [
-            self._executor().submit(check_answer, c, str(a), self.timeout_s)
-            for c, a in zip(completions, answers, strict=True)
-        ]
+        pairs = [(c, str(a)) for c, a in zip(completions, answers, strict=True)]
+        scores: list[float | None] = [None] * len(pairs)
         deadline = self.timeout_s * OUTER_DEADLINE_FACTOR + 5.0
-        scores: list[float] = []
-        for future in futures:
-            try:
-                scores.append(future.result(timeout=deadline))
-            except (FutureTimeout, BrokenProcessPool):
-                scores.append(0.0)
-                self._restart()
-        return scores
+        while None in scores:
+            pending = [i for i, v in enumerate(scores) if v is None]
+            futures = {
+                i: self._executor().submit(check_answer, *pairs[i], self.timeout_s) for i in pending
+            }
+            for i in pending:
+                try:
+                    scores[i] = futures[i].result(timeout=deadline)
+                except (FutureTimeout, BrokenProcessPool, CancelledError):
+                    # This answer hung (or took its worker down): it scores 0, the pool is
+                    # replaced, and the answers still waiting are resubmitted to the new one.
+                    scores[i] = 0.0
+                    self._restart()
+                    break
+        return [float(v or 0.0) for v in scores]
 
     def _restart(self) -> None:
         if self._pool is not None:

@@ -13,6 +13,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gspo_cli.errors import GspoError
+from gspo_cli.recipe.schema import Recipe
+
 # How each metric combines across ranks and micro-batches (default: the plain mean, right for
 # per-sequence metrics because every rank and micro-batch holds as many sequences).
 SUMMED = {"completion_tokens", "zero_adv_groups", "response_tokens"}
@@ -76,6 +79,30 @@ class DistContext:
 
 
 LOCAL = DistContext()
+
+
+def check_world_size(recipe: Recipe, world: int) -> None:
+    """Every rank must get whole groups and the same whole number of micro-batches."""
+    if world == 1:
+        return
+    r = recipe.rollout
+    if r.num_prompts % world:
+        raise GspoError(
+            f"rollout.num_prompts ({r.num_prompts}) must be a multiple of the number of "
+            f"processes ({world}): ranks take whole groups"
+        )
+    if r.group_size % recipe.algorithm.minibatches:
+        raise GspoError(
+            "with several processes, algorithm.minibatches must divide rollout.group_size "
+            "(each minibatch takes a share of every group)"
+        )
+    local = r.num_prompts * r.group_size // recipe.algorithm.minibatches // world
+    micro = recipe.trainer.micro_batch_size
+    if micro and local % micro:
+        raise GspoError(
+            f"trainer.micro_batch_size ({micro}) must divide each rank's minibatch ({local} "
+            f"sequences with {world} processes)"
+        )
 
 
 def context_from_env() -> DistContext:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
+from gspo_cli.train.distributed import check_world_size
 
 
 def under_launcher() -> bool:
@@ -42,11 +43,7 @@ def launch(
         raise GspoError(
             f"run folder {run_dir} already exists: pass --resume to continue it, or --out"
         )
-    if recipe.rollout.num_prompts % nproc:
-        raise GspoError(
-            f"rollout.num_prompts ({recipe.rollout.num_prompts}) must be a multiple of "
-            f"--nproc ({nproc}): ranks take whole groups"
-        )
+    check_world_size(recipe, nproc)
     args = ["train", str(recipe_file), "--out", str(run_dir)]
     args += [item for o in overrides for item in ("--set", o)]
     args += ["--resume"] if resume else []

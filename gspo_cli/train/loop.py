@@ -30,7 +30,12 @@ from gspo_cli.train.checkpoint import (
     write_text_atomic,
 )
 from gspo_cli.train.console import TrainingDisplay
-from gspo_cli.train.distributed import DistContext, context_from_env, init_process_group
+from gspo_cli.train.distributed import (
+    DistContext,
+    check_world_size,
+    context_from_env,
+    init_process_group,
+)
 from gspo_cli.train.engine import FrozenPolicy, TorchEngine, TrainEngine
 from gspo_cli.train.heldout import heldout_accuracy
 from gspo_cli.train.rewards import RewardModel
@@ -109,7 +114,7 @@ def train(
         log.evaluation(step, values)
         return values["accuracy"]
 
-    result = TrainResult(run_dir, start)
+    result = TrainResult(run_dir, start, log.evaluations())
     if start == 0:
         result.heldout[0] = evaluate(0)
         console.print(f"held-out accuracy before RL: {result.heldout[0]:.1%}", highlight=False)
@@ -168,20 +173,9 @@ def train(
 
 
 def _check_world(recipe: Recipe, ctx: DistContext) -> None:
-    if ctx.world == 1:
-        return
-    if recipe.trainer.engine != "deepspeed":
+    if ctx.world > 1 and recipe.trainer.engine != "deepspeed":
         raise GspoError("several processes need trainer.engine: deepspeed")
-    if recipe.rollout.num_prompts % ctx.world:
-        raise GspoError(
-            f"rollout.num_prompts ({recipe.rollout.num_prompts}) must be a multiple "
-            f"of the number of processes ({ctx.world}): ranks take whole groups"
-        )
-    if recipe.rollout.group_size % recipe.algorithm.minibatches:
-        raise GspoError(
-            "with several processes, algorithm.minibatches must divide "
-            "rollout.group_size (each minibatch takes a share of every group)"
-        )
+    check_world_size(recipe, ctx.world)
 
 
 def _run_dir(

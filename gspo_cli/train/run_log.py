@@ -51,6 +51,19 @@ class RunLog:
         if self.wandb_run is not None:
             self.wandb_run.log({f"heldout/{k}": v for k, v in values.items()}, step=step)
 
+    def evaluations(self) -> dict[int, float]:
+        """Held-out accuracy by step from eval.jsonl (what a resumed run already measured)."""
+        path = self.run_dir / EVALS
+        found: dict[int, float] = {}
+        if path.is_file():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    record = json.loads(line)
+                    found[int(record["step"])] = float(record["accuracy"])
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                    continue
+        return found
+
     def truncate_after(self, step: int) -> None:
         """On resume: drop records of steps after the checkpoint, so none appear twice."""
         if not self.enabled:

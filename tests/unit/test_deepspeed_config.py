@@ -58,3 +58,20 @@ def test_offload_params_needs_zero3(tmp_path: Path) -> None:
     path.write_text("deepspeed: {zero_stage: 2, offload_params: true}\n")
     with pytest.raises(RecipeError, match="offload_params needs zero_stage 3"):
         load_recipe(path)
+
+
+def test_world_size_checks_name_the_fix() -> None:
+    from gspo_cli.train.distributed import check_world_size
+
+    base = {"rollout": {"num_prompts": 2, "group_size": 12}, "algorithm": {"minibatches": 2}}
+    check_world_size(_recipe(**base), 2)
+    with pytest.raises(
+        GspoError, match="micro_batch_size \\(4\\) must divide each rank's minibatch"
+    ):
+        check_world_size(_recipe(**base, trainer={"engine": "deepspeed", "micro_batch_size": 4}), 2)
+    with pytest.raises(GspoError, match="multiple of the number of processes"):
+        check_world_size(_recipe(**base), 4)
+    with pytest.raises(GspoError, match="minibatches must divide"):
+        check_world_size(
+            _recipe(rollout={"num_prompts": 2, "group_size": 6}, algorithm={"minibatches": 4}), 2
+        )

@@ -355,3 +355,15 @@ def test_standings_cache_round_trip_and_errors(tmp_path: Path) -> None:
         load_standings_cache(path)
     with pytest.raises(ValueError, match="cannot read"):
         load_standings_cache(tmp_path / "missing.json")
+
+
+def test_majority_vote_treats_leading_zeros_as_one_answer() -> None:
+    from gspo_cli.eval.summary import summarize
+
+    record = {
+        "answers": ["25", "25", "025", "025", "7", "7", "7"],
+        "correct": [True, True, True, True, False, False, False],
+        "lengths": [5] * 7,
+        "truncated": [False] * 7,
+    }
+    assert summarize([record], 7, "math", 0)["maj@7"]["value"] == 1.0

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
-from gspo_cli.rewards import REWARDS, last_boxed, math_reward
+import time
+
+from gspo_cli.rewards import REWARDS, last_boxed, math_reward, math_verifier
+from gspo_cli.rewards.math_verifier import MathVerifierPool, check_answer
 
 
 def test_contract_and_equivalences() -> None:
@@ -33,3 +36,21 @@ def test_last_boxed_balances_braces() -> None:
     assert last_boxed("\\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
     assert last_boxed("\\boxed{1} and \\boxed{2") == "1"
     assert last_boxed("none") is None
+
+
+def _sometimes_hangs(completion: str, gold: str, timeout_s: float = 5.0) -> float:
+    """Module level so that the worker processes can unpickle it."""
+    if "hang" in completion:
+        time.sleep(60)
+    return check_answer(completion, gold, timeout_s)
+
+
+def test_a_hung_check_scores_zero_and_the_others_are_still_scored(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(math_verifier, "check_answer", _sometimes_hangs)
+    monkeypatch.setattr(math_verifier, "OUTER_DEADLINE_FACTOR", 0.0)  # deadline = 5 s
+    pool = MathVerifierPool(num_workers=1, timeout_s=1.0)
+    try:
+        completions = ["\\boxed{1}", "hang \\boxed{2}", "\\boxed{3}", "\\boxed{4}", "\\boxed{5}"]
+        assert pool.score(completions, ["1", "2", "3", "0", "5"]) == [1.0, 0.0, 1.0, 0.0, 1.0]
+    finally:
+        pool.close()

@@ -246,3 +246,18 @@ def test_algorithms_package_imports_only_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_gspo_token_matches_gspo_gradient_even_where_the_clamp_binds() -> None:
+    lp, old, adv, mask = random_batch(9, 4, 6)
+    lp = lp.detach()
+    lp[0] += 100.0  # one corrupted sample, far beyond the clamp
+    grads = {}
+    for algo in ("gspo", "gspo_token"):
+        x = lp.clone().requires_grad_(True)
+        loss, _ = compute_policy_loss(
+            x, old, adv[:, 0], mask, algorithm=algo, clip_low=0.2, clip_high=0.2
+        )
+        grads[algo] = torch.autograd.grad(loss, x)[0]
+    assert torch.equal(grads["gspo"][0], torch.zeros(6))
+    torch.testing.assert_close(grads["gspo"], grads["gspo_token"])
