@@ -111,3 +111,10 @@ def test_resume_at_another_world_size_is_refused_clearly(ds_recipe: Path, tmp_pa
 def test_nproc_needs_the_deepspeed_engine(ds_recipe: Path, tmp_path: Path) -> None:
     result = run_cli("train", str(ds_recipe), "--out", str(tmp_path / "r"), "--nproc", "2")
     assert result.returncode == 2 and "trainer.engine: deepspeed" in result.stderr
+
+
+def test_zero0_resumes_at_another_world_size(ds_recipe: Path, tmp_path: Path) -> None:
+    zero0 = ("--set", "trainer.engine=deepspeed", "--set", "deepspeed.zero_stage=0")
+    _train(ds_recipe, tmp_path / "run", *zero0, "--nproc", "2")
+    _train(ds_recipe, tmp_path / "run", *zero0, "--set", f"trainer.steps={STEPS + 1}", "--resume")
+    assert sorted(_metrics(tmp_path / "run")) == list(range(1, STEPS + 2))
