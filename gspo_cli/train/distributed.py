@@ -120,7 +120,7 @@ def init_process_group(ctx: DistContext, device: torch.device) -> None:
         # DeepSpeed wants a process group even for one process: a private local one.
         os.environ.update(
             MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(_free_port()),
+            MASTER_PORT=str(free_port()),
             RANK="0",
             WORLD_SIZE="1",
             LOCAL_RANK="0",
@@ -131,7 +131,8 @@ def init_process_group(ctx: DistContext, device: torch.device) -> None:
         deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (for a local process group)."""
     import socket
 
     with socket.socket() as s:

@@ -7,25 +7,18 @@ mistakes are one clear line rather than one traceback per rank.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
-from gspo_cli.train.distributed import check_world_size
+from gspo_cli.train.distributed import check_world_size, free_port
 
 
 def under_launcher() -> bool:
     """True inside a process started by torchrun or the DeepSpeed launcher."""
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def launch(
@@ -57,7 +50,7 @@ def launch(
             "--num_gpus",
             str(nproc),
             "--master_port",
-            str(_free_port()),
+            str(free_port()),
             "--module",
             "gspo_cli.cli",
             *args,
@@ -72,7 +65,7 @@ def launch(
             "--master_addr",
             "127.0.0.1",
             "--master_port",
-            str(_free_port()),
+            str(free_port()),
             "-m",
             "gspo_cli.cli",
             *args,
