@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from gspo_cli.atomic import write_text_atomic
 from gspo_cli.compare.series import X_LABELS
 from gspo_cli.compare.stats import Comparison
 from gspo_cli.compare.table import Row, markdown_table
@@ -24,18 +23,6 @@ from gspo_cli.compare.verdicts import (
 )
 
 SUMMARY_JSON, SUMMARY_MD = "summary.json", "summary.md"
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file in the same folder, then rename over `path`."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _finite(value: Any) -> Any:

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from gspo_cli.atomic import write_text_atomic
 from gspo_cli.data import render_prompt
 from gspo_cli.errors import GspoError
 from gspo_cli.eval.benchmarks import build_prompt, load_benchmark
@@ -29,7 +30,6 @@ from gspo_cli.eval.scoring import score_samples
 from gspo_cli.eval.summary import codeforces_elo, summarize
 from gspo_cli.models import load_policy
 from gspo_cli.rollout import HFGenerateEngine, RolloutEngine, SamplingParams
-from gspo_cli.train.checkpoint import write_text_atomic
 
 SAMPLES, RESULTS, SETTINGS = "samples.jsonl", "results.json", "settings.json"
 SEQUENCES_PER_BATCH = 64  # problems x samples per generate call: bounds memory on small machines

@@ -16,6 +16,9 @@ class TrainBatch(NamedTuple):
     response_mask: torch.Tensor  # [N, T] 1 on response tokens
     prompt_width: int  # P
 
+    def to(self, device: torch.device) -> TrainBatch:
+        return TrainBatch(*(t.to(device) for t in self[:4]), self.prompt_width)
+
     def select(self, index: torch.Tensor) -> TrainBatch:
         return TrainBatch(
             self.input_ids[index],

@@ -16,21 +16,13 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from gspo_cli.atomic import write_text_atomic
 from gspo_cli.errors import GspoError
 from gspo_cli.train.distributed import LOCAL, DistContext
 from gspo_cli.train.engine import TrainEngine
 
 STATE_FILE = "trainer_state.pt"
 LATEST = "latest"
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def rng_state() -> dict[str, Any]:

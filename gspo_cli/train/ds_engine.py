@@ -112,9 +112,7 @@ class DeepSpeedEngine:
         self.model: PreTrainedModel = self.ds.module
 
     def logprobs(self, batch: TrainBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        device = self.ds.device
-        on_device = TrainBatch(*(t.to(device) for t in batch[:4]), batch.prompt_width)
-        return response_logprobs(self.ds, on_device, temperature)
+        return response_logprobs(self.ds, batch.to(self.ds.device), temperature)
 
     def backward(self, loss: torch.Tensor) -> None:
         # DeepSpeed averages gradients over ranks; the loss is normalised by global counts, so

@@ -55,11 +55,6 @@ class LogprobModel(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-def _to_device(batch: TrainBatch, model: PreTrainedModel) -> TrainBatch:
-    device = next(model.parameters()).device
-    return TrainBatch(*(t.to(device) for t in batch[:4]), batch.prompt_width)
-
-
 class FrozenPolicy:
     """Forward-only scorer of a frozen model (the KL reference)."""
 
@@ -67,7 +62,9 @@ class FrozenPolicy:
         self.model = model
 
     def logprobs(self, batch: TrainBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return response_logprobs(self.model, _to_device(batch, self.model), temperature)
+        return response_logprobs(
+            self.model, batch.to(next(self.model.parameters()).device), temperature
+        )
 
 
 class TorchEngine:
@@ -89,7 +86,9 @@ class TorchEngine:
         )
 
     def logprobs(self, batch: TrainBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return response_logprobs(self.model, _to_device(batch, self.model), temperature)
+        return response_logprobs(
+            self.model, batch.to(next(self.model.parameters()).device), temperature
+        )
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

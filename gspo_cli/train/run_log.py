@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gspo_cli.train.checkpoint import write_text_atomic
+from gspo_cli.atomic import write_text_atomic
 
 METRICS, SAMPLES, EVALS = "metrics.jsonl", "samples.jsonl", "eval.jsonl"
 

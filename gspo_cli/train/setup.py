@@ -13,6 +13,7 @@ import yaml
 from rich.console import Console
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from gspo_cli.atomic import write_text_atomic
 from gspo_cli.data import load_rows, render_prompt
 from gspo_cli.errors import GspoError
 from gspo_cli.eval.benchmarks import build_prompt, load_benchmark
@@ -20,7 +21,6 @@ from gspo_cli.eval.problems import Problem
 from gspo_cli.models import load_policy
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rollout import SamplingParams
-from gspo_cli.train.checkpoint import write_text_atomic
 from gspo_cli.train.heldout import rows_as_problems
 from gspo_cli.train.sft import cold_start
 
