@@ -14,9 +14,10 @@ is also the conventional reading: "(3+4)*2".
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gspo_cli.recipe.schema import ArithmeticTaskConfig
+if TYPE_CHECKING:
+    from gspo_cli.recipe.schema import ArithmeticTaskConfig
 
 SPLIT_SALT = {"train": 0, "test": 1}
 

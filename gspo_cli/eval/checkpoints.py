@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gspo_cli.errors import GspoError
-from gspo_cli.recipe.schema import BUILTIN_PREFIX
+from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX
 
 LATEST_POINTER = Path("checkpoints") / "latest"
 COLD_START = "cold_start"
@@ -13,7 +13,7 @@ COLD_START = "cold_start"
 
 def resolve_checkpoint(name: str) -> str:
     """A path or id that `load_policy` accepts: a run folder becomes its latest checkpoint."""
-    if name.startswith(BUILTIN_PREFIX):
+    if name.startswith(BUILTIN_MODEL_PREFIX):
         return name
     path = Path(name).expanduser()
     if not path.exists():

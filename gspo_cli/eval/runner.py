@@ -21,11 +21,11 @@ from rich.table import Table
 
 from gspo_cli.atomic import write_text_atomic
 from gspo_cli.data import render_prompt
+from gspo_cli.data.benchmarks import build_prompt, load_benchmark
+from gspo_cli.data.problems import Problem
 from gspo_cli.errors import GspoError
-from gspo_cli.eval.benchmarks import build_prompt, load_benchmark
 from gspo_cli.eval.checkpoints import resolve_checkpoint
 from gspo_cli.eval.codeelo import load_standings_cache
-from gspo_cli.eval.problems import Problem
 from gspo_cli.eval.scoring import score_samples
 from gspo_cli.eval.summary import codeforces_elo, summarize
 from gspo_cli.models import load_policy

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gspo_cli.eval.problems import Problem
+from gspo_cli.data.problems import Problem
 from gspo_cli.rewards.code.reward import judge_completions
 from gspo_cli.rewards.extract import last_boxed
 from gspo_cli.rewards.math_verifier import default_math_pool

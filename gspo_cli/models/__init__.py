@@ -1,7 +1,7 @@
 """Models: HF checkpoints, built-in tiny models and their offline tokenizer."""
 
 from gspo_cli.models.builtin import BUILTIN_MODELS, create_builtin, is_moe
-from gspo_cli.models.loading import DTYPES, load_policy
+from gspo_cli.models.loading import DTYPES, load_policy, restore_weights
 from gspo_cli.models.tokenizer import build_char_tokenizer
 
 __all__ = [
@@ -11,4 +11,5 @@ __all__ = [
     "create_builtin",
     "is_moe",
     "load_policy",
+    "restore_weights",
 ]

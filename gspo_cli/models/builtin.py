@@ -22,6 +22,8 @@ from transformers import (
 from gspo_cli.models.tokenizer import build_char_tokenizer
 from gspo_cli.registry import Registry
 
+BUILTIN_MODEL_PREFIX = "builtin:"  # builtin:tiny-dense, parsed by models.loading
+
 BUILTIN_MODELS: Registry[Callable[[PreTrainedTokenizerFast], PreTrainedModel]] = Registry(
     "built-in model"
 )

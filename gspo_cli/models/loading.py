@@ -14,8 +14,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from gspo_cli.errors import GspoError
-from gspo_cli.models.builtin import create_builtin
-from gspo_cli.recipe.schema import BUILTIN_PREFIX
+from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX, create_builtin
 
 hf_logging.disable_progress_bar()  # gspo's own display reports progress
 
@@ -38,9 +37,9 @@ def load_policy(
     path: str, *, dtype: str = "float32", seed: int = 0, trust_remote_code: bool = False
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model and its tokenizer; a problem becomes one GspoError line naming the path."""
-    if path.startswith(BUILTIN_PREFIX):
+    if path.startswith(BUILTIN_MODEL_PREFIX):
         try:
-            model, tokenizer = create_builtin(path.removeprefix(BUILTIN_PREFIX), seed)
+            model, tokenizer = create_builtin(path.removeprefix(BUILTIN_MODEL_PREFIX), seed)
         except KeyError as exc:
             raise GspoError(f"model.path: {exc}") from None
         return disable_dropout(model.to(DTYPES[dtype])), tokenizer
@@ -61,3 +60,18 @@ def load_policy(
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return disable_dropout(model), tokenizer
+
+
+def restore_weights(model: PreTrainedModel, folder: Path) -> None:
+    """Load a checkpoint's HF weights into `model` in place (tied embeddings are saved once)."""
+    from safetensors.torch import load_file
+
+    try:
+        weights = load_file(str(folder / "model.safetensors"))
+    except Exception as exc:  # safetensors raises several types for a damaged file
+        raise GspoError(f"checkpoint {folder / 'model.safetensors'} is corrupted: {exc}") from None
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or any(not k.endswith("lm_head.weight") for k in missing):
+        raise GspoError(f"checkpoint {folder} does not match the model: {missing or unexpected}")
+    if missing:
+        model.tie_weights()

@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-BUILTIN_PREFIX = "builtin:"
-BENCHMARK_PREFIX = "benchmark:"  # benchmark:NAME or benchmark:NAME:PATH (a local file/folder)
+from gspo_cli.data.sources import split_benchmark_source
+
 LOCAL_DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".yaml", ".yml")
 
 
@@ -23,12 +23,13 @@ def looks_local(path: str) -> bool:
 
 def check_exists(path: str | None) -> str | None:
     """Reject a local path that does not exist (hub ids and built-ins pass through)."""
-    if path is not None and path.startswith(BENCHMARK_PREFIX):
-        _, _, local = path.removeprefix(BENCHMARK_PREFIX).partition(":")
+    benchmark = split_benchmark_source(path) if path is not None else None
+    if benchmark is not None:
+        local = benchmark[1]
         if local and not Path(local).expanduser().exists():
             raise ValueError(f"file not found: {local}")
         return path
-    if path is None or path.startswith(BUILTIN_PREFIX) or not looks_local(path):
+    if path is None or not looks_local(path):
         return path
     if not Path(path).expanduser().exists():
         raise ValueError(f"file not found: {path}")

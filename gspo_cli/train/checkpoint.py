@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from gspo_cli.atomic import write_text_atomic
 from gspo_cli.errors import GspoError
@@ -94,21 +94,6 @@ def latest_checkpoint(root: Path, *, cleanup: bool = True) -> Path | None:
     if not (folder / STATE_FILE).is_file():
         raise GspoError(f"checkpoint {folder} is incomplete or missing; remove it to start over")
     return folder
-
-
-def restore_weights(model: PreTrainedModel, folder: Path) -> None:
-    """Load a checkpoint's HF weights into `model` in place (tied embeddings are saved once)."""
-    from safetensors.torch import load_file
-
-    try:
-        weights = load_file(str(folder / "model.safetensors"))
-    except Exception as exc:  # safetensors raises several types for a damaged file
-        raise GspoError(f"checkpoint {folder / 'model.safetensors'} is corrupted: {exc}") from None
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    if unexpected or any(not k.endswith("lm_head.weight") for k in missing):
-        raise GspoError(f"checkpoint {folder} does not match the model: {missing or unexpected}")
-    if missing:
-        model.tie_weights()
 
 
 def load_trainer_state(folder: Path) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gspo_cli.errors import GspoError
+from gspo_cli.models.loading import restore_weights
 from gspo_cli.recipe.schema import OptimizerConfig
 from gspo_cli.train.batch import TrainBatch
 from gspo_cli.train.logprobs import response_logprobs
@@ -110,8 +111,6 @@ class TorchEngine:
         torch.save(state, folder / OPTIMIZER_FILE)
 
     def load_state(self, folder: Path) -> None:
-        from gspo_cli.train.checkpoint import restore_weights
-
         try:
             state = torch.load(folder / OPTIMIZER_FILE, weights_only=False)
         except Exception as exc:  # zip/pickle errors of many kinds mean a damaged file

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gspo_cli.eval.problems import Problem
+from gspo_cli.data.problems import Problem
+from gspo_cli.data.testcases import parse_tests
 from gspo_cli.eval.runner import generate_and_judge
 from gspo_cli.eval.summary import summarize
 from gspo_cli.rollout.base import RolloutEngine, SamplingParams
@@ -19,7 +20,7 @@ def rows_as_problems(rows: list[dict[str, Any]], template: str) -> list[Problem]
             kind="code" if row.get("tests") is not None else "math",
             question=template.format(prompt=row["prompt"]),
             answer=None if row.get("answer") is None else str(row["answer"]),
-            tests=row.get("tests"),
+            tests=None if row.get("tests") is None else tuple(parse_tests(row["tests"])),
         )
         for i, row in enumerate(rows)
     ]

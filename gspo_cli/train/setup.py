@@ -15,9 +15,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gspo_cli.atomic import write_text_atomic
 from gspo_cli.data import load_rows, render_prompt
+from gspo_cli.data.benchmarks import build_prompt, load_benchmark
+from gspo_cli.data.problems import Problem
 from gspo_cli.errors import GspoError
-from gspo_cli.eval.benchmarks import build_prompt, load_benchmark
-from gspo_cli.eval.problems import Problem
 from gspo_cli.models import load_policy
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rollout import SamplingParams

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,7 +10,7 @@ import pytest
 from gspo_cli.data import arithmetic_split, load_rows
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe import Recipe
-from gspo_cli.recipe.schema import ArithmeticTaskConfig
+from gspo_cli.recipe.schema import ArithmeticTaskConfig, DataConfig
 
 
 def test_local_jsonl_with_column_mapping(tmp_path: Path) -> None:
@@ -55,3 +57,22 @@ def test_noisy_cold_start_knobs() -> None:
         for r in rows
     ) / len(rows)
     assert 0.45 < unboxed < 0.55 and 0.25 < slipped < 0.35
+
+
+def test_data_package_imports_neither_eval_train_nor_torch() -> None:
+    """Benchmarks are data: `data/` sits below `eval/` and `train/` and needs no torch."""
+    code = (
+        "import sys, gspo_cli.data, gspo_cli.recipe.schema; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers') "
+        "or m.startswith(('gspo_cli.eval', 'gspo_cli.train'))]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_empty_data_file_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_text("")
+    with pytest.raises(GspoError, match="no rows"):
+        load_rows(str(path), "train", DataConfig(source=str(path)))

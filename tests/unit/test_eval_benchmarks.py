@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from gspo_cli.errors import GspoError
-from gspo_cli.eval.benchmarks import (
+from gspo_cli.data.benchmarks import (
     BENCHMARKS,
     BENCHMARKS_DIR_ENV,
     MATH_INSTRUCTION,
     build_prompt,
     load_benchmark,
 )
-from gspo_cli.eval.loaders import parse_tests
+from gspo_cli.data.testcases import TestCase, parse_tests
+from gspo_cli.errors import GspoError
 from gspo_cli.registry import UnknownNameError
 
 EXPECTED_COUNTS = {
@@ -62,8 +62,8 @@ def test_builtin_loads_its_default_file(bench: Path, name: str, count: int) -> N
             assert build_prompt(p) == f"{p.question}\n{MATH_INSTRUCTION}"
         else:
             assert p.answer is None and p.tests is not None
-            assert p.tests["inputs"] and len(p.tests["inputs"]) == len(p.tests["outputs"])
-            assert all(isinstance(x, str) for x in p.tests["inputs"] + p.tests["outputs"])
+            assert p.tests and all(t.kind in ("stdio", "call") for t in p.tests)
+            assert all(isinstance(t.input, str) and isinstance(t.output, str) for t in p.tests)
             assert "### Question:" in build_prompt(p)
 
 
@@ -102,7 +102,7 @@ def test_livecodebench_compressed_tests_match_decoded_copy(bench: Path) -> None:
     packed = load_benchmark("livecodebench")
     decoded = load_benchmark("livecodebench", folder / "sandboxfusion_lcb_v1_sample.decoded.jsonl")
     assert packed == decoded
-    summary = [(p.id, len(p.tests["inputs"]), p.tests["fn_name"]) for p in packed if p.tests]
+    summary = [(p.id, len(p.tests), p.tests[0].fn_name) for p in packed if p.tests]
     assert summary == [
         ("codeforces/1873_A", 5, None),
         ("leetcode/2727", 14, "countSeniors"),
@@ -123,17 +123,19 @@ def test_codeforces_files(bench: Path) -> None:
     assert collections.Counter(p.platform for p in contests) == {"codeforces": 17, "codechef": 3}
     by_id = {p.id: p for p in contests}
     horses = by_id["codeforces/1000_A"]
-    assert horses.difficulty == "A" and len(horses.tests["inputs"]) == 102  # type: ignore[index]
-    assert all(len(p.tests["inputs"]) >= 35 for p in contests)  # type: ignore[index]
+    assert horses.difficulty == "A" and len(horses.tests or ()) == 102
+    assert all(len(p.tests or ()) >= 35 for p in contests)
     elo = load_benchmark("codeforces", folder / "rllm_codeelo_test_codeforces.json")
     assert len(elo) == 408
-    sizes = collections.Counter(len(p.tests["inputs"]) for p in elo)  # type: ignore[index]
+    sizes = collections.Counter(len(p.tests or ()) for p in elo)
     assert sizes[1] == 378
-    assert elo[0].tests == {
-        "inputs": ["10\n1 9\n8 4\n1 4\n3 4\n2 0\n2 4\n6 9\n3 3\n0 0\n9 9"],
-        "outputs": ["1 9\n4 8\n1 4\n3 4\n0 2\n2 4\n6 9\n3 3\n0 0\n9 9"],
-        "fn_name": None,
-    }
+    assert elo[0].tests == (
+        TestCase(
+            "stdio",
+            "10\n1 9\n8 4\n1 4\n3 4\n2 0\n2 4\n6 9\n3 3\n0 0\n9 9",
+            "1 9\n4 8\n1 4\n3 4\n0 2\n2 4\n6 9\n3 3\n0 0\n9 9",
+        ),
+    )
     assert elo[0].metadata["time_limit_s"] == 1.0 and elo[0].metadata["memory_limit_mb"] == 256
 
 
@@ -168,7 +170,10 @@ def test_livecodebench_hub_format_and_date_window(tmp_path: Path) -> None:
     path = tmp_path / "test5.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     problems = load_benchmark("livecodebench", path)
-    assert problems[0].tests == {"inputs": ["1", "3"], "outputs": ["2", "4"], "fn_name": "f"}
+    assert problems[0].tests == (
+        TestCase("call", "1", "2", fn_name="f"),
+        TestCase("call", "3", "4", fn_name="f"),
+    )
     assert problems[1].tests == problems[0].tests
     assert problems[0].contest_date == date(2024, 9, 30)
     window = load_benchmark("livecodebench", path, start="2024-10-01", end=date(2025, 1, 31))
@@ -187,11 +192,12 @@ def test_undated_data_cannot_be_date_filtered(bench: Path) -> None:
 
 def test_unpickling_is_restricted_to_plain_data() -> None:
     cases = {"inputs": ["1\n"], "outputs": ["2\n"], "fn_name": None}
-    assert parse_tests(_compress({"input_output": json.dumps(cases)})) == cases
+    packed = _compress({"input_output": json.dumps(cases)})
+    assert parse_tests(packed) == [TestCase("stdio", "1\n", "2\n")]
     evil = _compress(collections.OrderedDict(a=1))  # any class lookup is refused
-    with pytest.raises(ValueError, match=r"refusing to unpickle collections\.OrderedDict"):
+    with pytest.raises(ValueError, match=r"refusing to load collections\.OrderedDict"):
         parse_tests(evil)
-    with pytest.raises(ValueError, match="not JSON"):
+    with pytest.raises(ValueError, match="neither JSON nor"):
         parse_tests("definitely not tests")
 
 
@@ -226,7 +232,7 @@ def test_custom_code_from_parquet(tmp_path: Path) -> None:
         "custom", tmp_path, columns={"question": "statement", "tests": "io"}
     )
     assert problem.kind == "code" and problem.id == "custom-0"
-    assert problem.tests == {"inputs": ["1 2\n"], "outputs": ["3\n"], "fn_name": None}
+    assert problem.tests == (TestCase("stdio", "1 2\n", "3\n"),)
     assert "Read the inputs from stdin" in build_prompt(problem)
 
 
@@ -274,7 +280,7 @@ def test_real_datasets_offline_error(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != BENCHMARKS_DIR_ENV}
     env |= {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path)}
     code = (
-        "from gspo_cli.eval import load_benchmark\n"
+        "from gspo_cli.data import load_benchmark\n"
         "try:\n    load_benchmark('livecodebench')\n"
         "except Exception as e:\n    print(type(e).__name__, e)\n"
     )

@@ -1,5 +1,6 @@
 """Code reward: untrusted programs judged LiveCodeBench/CodeForces-style in a sandbox."""
 
+from gspo_cli.data.testcases import TestCase, TestFormatError, parse_tests
 from gspo_cli.rewards.code.compare import compare_json, compare_stdout
 from gspo_cli.rewards.code.extract import extract_code
 from gspo_cli.rewards.code.isolation import available_modes, detect_mode
@@ -13,7 +14,6 @@ from gspo_cli.rewards.code.judge import (
 )
 from gspo_cli.rewards.code.reward import code_reward, judge_completions
 from gspo_cli.rewards.code.sandbox import Limits, RunOutcome, run_program
-from gspo_cli.rewards.code.testcases import TestCase, TestFormatError, parse_tests
 
 __all__ = [
     "VERDICTS",

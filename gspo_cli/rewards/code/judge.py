@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from gspo_cli.data.testcases import TestCase, parse_tests
 from gspo_cli.rewards.code.compare import compare_json, compare_stdout
 from gspo_cli.rewards.code.extract import extract_code
 from gspo_cli.rewards.code.sandbox import Limits, RunOutcome, run_program
-from gspo_cli.rewards.code.testcases import TestCase, parse_tests
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -26,9 +26,8 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from gspo_cli.errors import GspoError
-from gspo_cli.eval.loaders import HubSource, data_files, load_hub_rows, read_file_rows
-from gspo_cli.eval.problems import (
+from gspo_cli.data.files import HubSource, data_files, load_hub_rows, read_file_rows
+from gspo_cli.data.problems import (
     CUSTOM_FIELDS,
     Kind,
     Problem,
@@ -40,6 +39,7 @@ from gspo_cli.eval.problems import (
     parse_livecodebench,
     parse_math500,
 )
+from gspo_cli.errors import GspoError
 from gspo_cli.registry import Registry
 
 BENCHMARKS_DIR_ENV = "GSPO_BENCHMARKS_DIR"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any, Literal
 
-from gspo_cli.eval.loaders import CodeTests, merge_tests, parse_tests
+from gspo_cli.data.testcases import TestCase, merge_tests, parse_tests
 
 Kind = Literal["math", "code"]
 
@@ -24,7 +24,7 @@ class Problem:
     """One benchmark problem.
 
     Maths problems have `answer` (the gold answer text, normalised per benchmark); code problems
-    have `tests` (LiveCodeBench form) and, for call-based problems, `starter_code`. The optional
+    have `tests` (parsed test cases) and, for call-based problems, `starter_code`. The optional
     fields are filled when the data has them; everything else a row carries that may matter
     (solution, subject, time limit, source file) goes to `metadata`.
     """
@@ -34,7 +34,7 @@ class Problem:
     kind: Kind
     question: str
     answer: str | None = None
-    tests: CodeTests | None = None
+    tests: tuple[TestCase, ...] | None = None
     starter_code: str = ""
     contest_date: date | None = None
     difficulty: str | None = None
@@ -207,7 +207,7 @@ def split_lcb_prompt(prompt: str) -> tuple[str, str]:
     return match.group(1), starter.group(1) if starter else ""
 
 
-def _lcb_hub_tests(row: Mapping[str, Any]) -> CodeTests:
+def _lcb_hub_tests(row: Mapping[str, Any]) -> tuple[TestCase, ...]:
     """public_test_cases + private_test_cases (JSON or compressed), fn_name from metadata."""
     meta = row.get("metadata") or {}
     meta = json.loads(meta) if isinstance(meta, str) else meta
@@ -217,7 +217,7 @@ def _lcb_hub_tests(row: Mapping[str, Any]) -> CodeTests:
     return merge_tests(*parts, fn_name=meta.get("func_name") or None)
 
 
-def _lcb_fields(row: Mapping[str, Any]) -> tuple[str, str, str, CodeTests]:
+def _lcb_fields(row: Mapping[str, Any]) -> tuple[str, str, str, tuple[TestCase, ...]]:
     """(id, question, starter code, tests) from any of the three LCB row shapes."""
     if "question_content" in row:  # the hub / lcb_runner release files
         qid = str(first(row, "question_id", "id"))
@@ -227,7 +227,7 @@ def _lcb_fields(row: Mapping[str, Any]) -> tuple[str, str, str, CodeTests]:
     labels = json.loads(labels) if isinstance(labels, str) else labels
     qid = str(first(row, "task_id") or labels.get("task_id") or first(row, "id"))
     question, starter = split_lcb_prompt(_text(row, "content", "prompt"))
-    tests = parse_tests(row.get("test", row))  # SandboxFusion, or the decoded copy itself
+    tests = tuple(parse_tests(row.get("test", row)))  # SandboxFusion, or the decoded copy
     return qid, question, starter, tests
 
 
@@ -271,7 +271,7 @@ def _parse_code_contests(row: Mapping[str, Any], benchmark: str) -> Problem:
         labels = row["labels"]
         labels = json.loads(labels) if isinstance(labels, str) else labels
         platform, name = str(labels.get("source", "")).lower(), str(labels.get("name", ""))
-        question, tests = _text(row, "content"), parse_tests(row["test"])
+        question, tests = _text(row, "content"), tuple(parse_tests(row["test"]))
         difficulty, rating = labels.get("difficulty"), None
     else:  # deepmind/code_contests: public + private + generated tests, CF metadata
         platform = _CC_SOURCES.get(int(row.get("source") or 0), "unknown")
@@ -306,7 +306,7 @@ def _parse_codeelo(row: Mapping[str, Any], index: int, benchmark: str) -> Proble
         benchmark=benchmark,
         kind="code",
         question=question.strip(),
-        tests=parse_tests(row["tests"]),
+        tests=tuple(parse_tests(row["tests"])),
         rating=_rating(row.get("rating")),
         platform="codeforces",
         metadata=meta,
@@ -338,7 +338,7 @@ CUSTOM_FIELDS = (
 
 def parse_custom(row: Mapping[str, Any], index: int, benchmark: str) -> Problem:
     """Any file whose columns were renamed to CUSTOM_FIELDS: `tests` makes it code, else maths."""
-    tests = parse_tests(row["tests"]) if row.get("tests") is not None else None
+    tests = tuple(parse_tests(row["tests"])) if row.get("tests") is not None else None
     answer = row.get("answer")
     if tests is None and (answer is None or str(answer).strip() == ""):
         raise ValueError(f"needs an 'answer' or 'tests' column (map one); has {sorted(row)}")

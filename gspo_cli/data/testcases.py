@@ -1,10 +1,14 @@
-"""Normalise the test formats data sets use into one list of TestCase.
+"""Code test cases: every test format the data sets use, parsed once into a list of TestCase.
 
 Accepted: LiveCodeBench `input_output` ({"inputs", "outputs", "fn_name"}, possibly wrapped in
 {"input_output": "<json>"}), its hub encoding base64 -> zlib -> pickle -> JSON, CodeContests /
 SandboxFusion lists ([{"input": {"stdin"}, "output": {"stdout"}}] or plain strings), the
 column form {"input": [...], "output": [...]}, assert checks ({"functional": "def check..."},
-a list of assert statements, or {"asserts": [...]}), and any of these as a JSON string.
+a list of assert statements, or {"asserts": [...]}), any of these as a JSON string, and an
+already parsed sequence of TestCase.
+
+One unpickling policy: hub tests are pickled, and only plain builtin containers are resolved,
+so unpickling test data can never run code.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import io
 import json
 import pickle
 import zlib
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 Kind = Literal["stdio", "call", "assert"]
@@ -40,10 +45,14 @@ class TestCase:
     check: str | None = None
 
 
-class _DataOnlyUnpickler(pickle.Unpickler):
-    """Hub tests are pickled; refusing every class keeps unpickling from running code."""
+class _PlainDataUnpickler(pickle.Unpickler):
+    """Resolves a few builtin containers and nothing else: no class, no callable."""
+
+    ALLOWED = frozenset({"set", "frozenset", "list", "dict", "tuple"})
 
     def find_class(self, module: str, name: str) -> Any:
+        if module == "builtins" and name in self.ALLOWED:
+            return super().find_class(module, name)
         raise pickle.UnpicklingError(f"refusing to load {module}.{name} from test data")
 
 
@@ -59,9 +68,13 @@ def _decode_text(text: str) -> Any:
         if "assert" in text:
             return {"functional": text}
         raise TestFormatError("tests are neither JSON nor base64/zlib data") from None
-    if raw[:1] == b"\x80":  # pickle protocol marker
-        return _DataOnlyUnpickler(io.BytesIO(raw)).load()
-    return json.loads(raw)
+    try:
+        obj = _PlainDataUnpickler(io.BytesIO(raw)).load() if raw[:1] == b"\x80" else raw
+    except (pickle.UnpicklingError, EOFError, ValueError) as exc:
+        raise TestFormatError(f"compressed test data does not unpickle ({exc})") from None
+    if isinstance(obj, bytes):
+        obj = obj.decode("utf-8")
+    return json.loads(obj) if isinstance(obj, str) else obj
 
 
 def _text(value: Any, key: str) -> str:
@@ -100,7 +113,9 @@ def _from_dict(tests: dict[str, Any]) -> list[TestCase]:
     raise TestFormatError(f"unknown test dict with keys {sorted(tests)[:8]}")
 
 
-def _from_list(tests: list[Any]) -> list[TestCase]:
+def _from_list(tests: Sequence[Any]) -> list[TestCase]:
+    if all(isinstance(t, TestCase) for t in tests):
+        return list(tests)
     if all(isinstance(t, str) for t in tests):
         return [TestCase("assert", check=t) for t in tests]
     cases: list[TestCase] = []
@@ -121,6 +136,20 @@ def parse_tests(tests: Any) -> list[TestCase]:
             tests = _decode_text(tests)
     if isinstance(tests, dict):
         return _from_dict(tests)
-    if isinstance(tests, list):
+    if isinstance(tests, list | tuple):
         return _from_list(tests)
     raise TestFormatError(f"tests of type {type(tests).__name__} are not supported")
+
+
+def merge_tests(*parts: Sequence[TestCase], fn_name: str | None = None) -> tuple[TestCase, ...]:
+    """Concatenate test sets (e.g. public + private); `fn_name` makes input/output tests
+    call-based (LiveCodeBench keeps the function name in the row's metadata)."""
+    cases = [case for part in parts for case in part]
+    names = {c.fn_name for c in cases if c.fn_name}
+    if fn_name is None and len(names) > 1:
+        raise TestFormatError(f"test sets disagree on fn_name: {sorted(names)}")
+    if fn_name:
+        cases = [
+            c if c.kind == "assert" else replace(c, kind="call", fn_name=fn_name) for c in cases
+        ]
+    return tuple(cases)
