@@ -19,7 +19,10 @@ from rich.table import Table
 from gspo_cli.data import load_rows, render_prompt
 from gspo_cli.models import load_policy
 from gspo_cli.recipe import Recipe
+from gspo_cli.rewards.binding import RewardServices
+from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import HFGenerateEngine, SamplingParams
+from gspo_cli.train.distributed import LOCAL
 from gspo_cli.train.engine import TorchEngine
 from gspo_cli.train.rewards import RewardModel
 from gspo_cli.train.step import StepSettings, rl_step
@@ -42,8 +45,10 @@ def measure(model_path: str, algorithm: str, steps: int, device: str) -> dict[st
         False,
         int(tokenizer.pad_token_id),
     )
-    engine = TorchEngine(model, recipe.optimizer, steps + 1)
-    rollout, reward = HFGenerateEngine(model, tokenizer), RewardModel(recipe.reward)
+    engine = TorchEngine(model, recipe, LOCAL)
+    pool = MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s)
+    rollout = HFGenerateEngine(model, tokenizer)
+    reward = RewardModel(recipe.reward, RewardServices(math_pool=pool))
     samples = []
     for step in range(steps + 1):  # the first step warms up (allocations, verifier pool)
         index = list(range(step * r.num_prompts, (step + 1) * r.num_prompts))
@@ -58,6 +63,7 @@ def measure(model_path: str, algorithm: str, steps: int, device: str) -> dict[st
         )
         if step:
             samples.append(out.metrics)
+    pool.close()
     keys = (
         "tokens_per_s",
         "time_step_s",

@@ -142,7 +142,8 @@ def eval_(
     from gspo_cli.eval.runner import EvalSettings, run_eval
     from gspo_cli.recipe.schema import EvalConfig
 
-    cfg = load_recipe(recipe, set_).eval if recipe else _eval_section(set_)
+    resolved = load_recipe(recipe, set_) if recipe else _recipe_from_overrides(set_)
+    cfg, verifier = resolved.eval, resolved.reward  # eval defaults; maths verifier pool size
     flags = {
         "benchmark": benchmark,
         "samples": samples,
@@ -172,6 +173,8 @@ def eval_(
         end=merged["end"],
         standings=merged["standings"],
         seed=merged["seed"],
+        verifier_workers=verifier.num_workers,
+        verifier_timeout_s=verifier.timeout_s,
     )
     try:  # the same range and file checks as a recipe's eval section
         EvalConfig.model_validate({k: merged[k] for k in EvalConfig.model_fields})
@@ -206,15 +209,15 @@ def compare(
     raise typer.Exit(code)
 
 
-def _eval_section(overrides: list[str] | None):  # type: ignore[no-untyped-def]
-    """The eval section from defaults and `--set eval.KEY=VALUE` overrides (no recipe file)."""
+def _recipe_from_overrides(overrides: list[str] | None) -> Recipe:
+    """Defaults and `--set KEY=VALUE` overrides (eval.*, reward.num_workers...), no recipe file."""
     from gspo_cli.recipe import apply_override
     from gspo_cli.recipe.loader import validate_recipe
 
     raw: dict[str, object] = {}
     for override in overrides or []:
         apply_override(raw, override, "--set")
-    return validate_recipe(raw, "--set").eval
+    return validate_recipe(raw, "--set")
 
 
 def dump_recipe_yaml(recipe: Recipe) -> str:

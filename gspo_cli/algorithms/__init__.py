@@ -7,7 +7,12 @@ from gspo_cli.algorithms.aggregation import (
     aggregate,
     loss_normalizer,
 )
-from gspo_cli.algorithms.losses import LOG_RATIO_CLAMP, POLICY_LOSSES, sequence_log_ratio
+from gspo_cli.algorithms.losses import (
+    LOG_RATIO_CLAMP,
+    PAPER_CLIP,
+    POLICY_LOSSES,
+    sequence_log_ratio,
+)
 from gspo_cli.algorithms.policy import compute_policy_loss
 
 __all__ = [
@@ -15,6 +20,7 @@ __all__ = [
     "DEFAULT_LOSS_AGG",
     "LOG_RATIO_CLAMP",
     "LOSS_AGGREGATIONS",
+    "PAPER_CLIP",
     "POLICY_LOSSES",
     "aggregate",
     "compute_policy_loss",

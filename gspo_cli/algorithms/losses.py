@@ -30,6 +30,14 @@ PolicyLoss = Callable[
 
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("algorithm")
 
+# The papers' clip ranges (eps_low, eps_high), used when a recipe leaves them unset:
+# GSPO section 5.1 (3e-4 / 4e-4, sequence ratios sit close to 1); GRPO with DAPO's clip-higher.
+PAPER_CLIP: dict[str, tuple[float, float]] = {
+    "gspo": (3e-4, 4e-4),
+    "gspo_token": (3e-4, 4e-4),
+    "grpo": (0.2, 0.27),
+}
+
 
 def _clipped_objective(
     ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float

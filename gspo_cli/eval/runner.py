@@ -29,6 +29,7 @@ from gspo_cli.eval.codeelo import load_standings_cache
 from gspo_cli.eval.scoring import score_samples
 from gspo_cli.eval.summary import codeforces_elo, summarize
 from gspo_cli.models import load_policy
+from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import HFGenerateEngine, RolloutEngine, SamplingParams
 
 SAMPLES, RESULTS, SETTINGS = "samples.jsonl", "results.json", "settings.json"
@@ -49,6 +50,8 @@ class EvalSettings:
     end: str | None = None
     standings: str | None = None
     seed: int = 0
+    verifier_workers: int = 2
+    verifier_timeout_s: float = 5.0
 
 
 def run_eval(
@@ -97,9 +100,17 @@ def run_eval(
             done[record["id"]] = record
             progress.advance(task, settings.samples)
 
-        generate_and_judge(
-            engine, tokenizer, problems, params, settings.seed, on_done=finished, skip=set(done)
-        )
+        with MathVerifierPool(settings.verifier_workers, settings.verifier_timeout_s) as pool:
+            generate_and_judge(
+                engine,
+                tokenizer,
+                problems,
+                params,
+                settings.seed,
+                math_pool=pool,
+                on_done=finished,
+                skip=set(done),
+            )
     records = [done[p.id] for p in problems]
     results = _results(settings, model_path, problems, records)
     write_text_atomic(out / RESULTS, json.dumps(results, indent=2))
@@ -114,6 +125,7 @@ def generate_and_judge(
     params: SamplingParams,
     seed: int,
     *,
+    math_pool: MathVerifierPool,
     prompt_for: Callable[[Problem], str] = build_prompt,
     on_done: Callable[[dict[str, Any]], None] | None = None,
     skip: set[str] | None = None,
@@ -132,7 +144,10 @@ def generate_and_judge(
         batch = problems[start : start + per_batch]
         if all(p.id in skip for p in batch):
             continue
-        for record in _evaluate_batch(engine, tokenizer, batch, params, seed + start, prompt_for):
+        records_of_batch = _evaluate_batch(
+            engine, tokenizer, batch, params, seed + start, prompt_for, math_pool
+        )
+        for record in records_of_batch:
             if record["id"] in skip:
                 continue
             records.append(record)
@@ -148,6 +163,7 @@ def _evaluate_batch(
     params: SamplingParams,
     seed: int,
     prompt_for: Callable[[Problem], str],
+    math_pool: MathVerifierPool,
 ) -> list[dict[str, Any]]:
     prompts = [render_prompt(tokenizer, prompt_for(p), "{prompt}") for p in batch]
     with torch.random.fork_rng():
@@ -157,7 +173,7 @@ def _evaluate_batch(
     records = []
     for i, problem in enumerate(batch):
         texts = rollout.texts[i * k : (i + 1) * k]
-        verdicts = score_samples(problem, texts)
+        verdicts = score_samples(problem, texts, math_pool=math_pool)
         records.append(
             {
                 "id": problem.id,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from gspo_cli.data.problems import Problem
 from gspo_cli.rewards.code.reward import judge_completions
 from gspo_cli.rewards.extract import last_boxed
-from gspo_cli.rewards.math_verifier import default_math_pool
+from gspo_cli.rewards.math_verifier import MathVerifierPool
 
 
 @dataclass
@@ -18,7 +18,11 @@ class SampleVerdicts:
 
 
 def score_samples(
-    problem: Problem, completions: list[str], *, time_limit_s: float = 6.0
+    problem: Problem,
+    completions: list[str],
+    *,
+    math_pool: MathVerifierPool,
+    time_limit_s: float = 6.0,
 ) -> SampleVerdicts:
     if problem.kind == "code":
         if problem.tests is None:
@@ -31,7 +35,7 @@ def score_samples(
             [v == "accepted" for v in verdicts], [None] * len(completions), verdicts
         )
     answers = [last_boxed(c) for c in completions]
-    scores = default_math_pool().score(completions, [str(problem.answer)] * len(completions))
+    scores = math_pool.score(completions, [str(problem.answer)] * len(completions))
     correct = [s >= 1.0 for s in scores]
     verdicts = [
         "no_answer" if a is None else "correct" if ok else "wrong"

@@ -13,8 +13,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from gspo_cli.data.sources import BENCHMARK_PREFIX, split_benchmark_source
 from gspo_cli.errors import GspoError
-from gspo_cli.recipe.schema import Recipe
+from gspo_cli.recipe.schema import Recipe, looks_local
 
 BASE_KEY = "base"
 
@@ -45,7 +46,7 @@ def load_recipe_dict(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str
     if resolved in _seen:
         chain = " -> ".join(str(p) for p in (*_seen, resolved))
         raise RecipeError(str(path), [f"{BASE_KEY}: recipes extend each other in a loop: {chain}"])
-    data = _read_yaml(file)
+    data = _resolve_paths(_read_yaml(file), file.parent)
     base = data.pop(BASE_KEY, None)
     if base is None:
         return data
@@ -68,10 +69,43 @@ def _read_yaml(file: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise RecipeError(str(file), [f"cannot read: {exc}"]) from None
     if data is None:
-        return {}
+        raise RecipeError(str(file), ["the recipe file is empty (write at least `name: ...`)"])
     if not isinstance(data, dict):
         raise RecipeError(str(file), ["a recipe must be a mapping of sections"])
     return data
+
+
+# Keys holding file paths. In a recipe file a relative path is relative to that file, as `base:`
+# is; on the command line (`--set`) it stays relative to the working directory.
+PATH_KEYS = (
+    ("model", "path"),
+    ("data", "source"),
+    ("data", "eval_source"),
+    ("eval", "data"),
+    ("eval", "standings"),
+    ("deepspeed", "config_file"),
+)
+
+
+def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """`data` with each relative local path under PATH_KEYS made absolute against `folder`."""
+    for section, key in PATH_KEYS:
+        node = data.get(section)
+        if isinstance(node, dict) and isinstance(node.get(key), str):
+            node[key] = resolve_path(node[key], folder)
+    return data
+
+
+def resolve_path(value: str, folder: Path) -> str:
+    """A local relative path ("./x", "../x", "x.jsonl", or benchmark:NAME:PATH) made absolute;
+    hub ids, built-ins, absolute and home paths are returned as they are."""
+    benchmark = split_benchmark_source(value)
+    if benchmark is not None:
+        name, local = benchmark
+        return value if local is None else f"{BENCHMARK_PREFIX}{name}:{resolve_path(local, folder)}"
+    if not looks_local(value) or value.startswith("~") or Path(value).is_absolute():
+        return value
+    return str((folder / value).resolve())
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

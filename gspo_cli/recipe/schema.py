@@ -6,8 +6,9 @@ validation errors). Unknown keys are errors; cross-field rules live in model val
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -36,12 +37,24 @@ def check_exists(path: str | None) -> str | None:
     return path
 
 
-# Paper clip ranges per algorithm, used when a recipe leaves clip_low / clip_high unset.
-DEFAULT_CLIP: dict[str, tuple[float, float]] = {
-    "gspo": (3e-4, 4e-4),
-    "gspo_token": (3e-4, 4e-4),
-    "grpo": (0.2, 0.27),
-}
+def registered(kind: str, name: str) -> str:
+    """Check `name` against the registry of `kind`: the registries are the one list of names.
+
+    Imported here, not at module level: the algorithm registry imports torch, and a recipe's
+    types and ranges are checked before that.
+    """
+    from gspo_cli.algorithms import LOSS_AGGREGATIONS, POLICY_LOSSES
+    from gspo_cli.registry import Registry, UnknownNameError
+
+    registries: dict[str, Registry[Any]] = {
+        "algorithm": POLICY_LOSSES,
+        "loss aggregation": LOSS_AGGREGATIONS,
+    }
+    try:
+        registries[kind].get(name)
+    except UnknownNameError as exc:
+        raise ValueError(str(exc)) from None
+    return name
 
 
 class Section(BaseModel):
@@ -128,11 +141,23 @@ class RolloutConfig(Section):
 
 
 class RewardFunctionConfig(Section):
-    name: Literal["math", "code"] = Field(description="Registered reward function: math or code.")
-    weight: float = Field(1.0, description="Weight of this reward in the sum.")
-    options: dict[str, bool | int | float | str] = Field(
-        default_factory=dict, description="Keyword options, e.g. {partial_credit: true} for code."
+    name: str = Field(
+        description="A registered reward (math, code) or your own function as module:function."
     )
+    weight: float = Field(1.0, description="Weight of this reward in the sum.")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The function's keyword-only options, e.g. {partial_credit: true} for code.",
+    )
+
+    @model_validator(mode="after")
+    def _bind_options(self) -> RewardFunctionConfig:
+        from gspo_cli.rewards.binding import check_options, resolve_reward
+
+        checked = check_options(self.name, resolve_reward(self.name), self.options)
+        if checked != self.options:
+            self.options = checked
+        return self
 
 
 class RewardConfig(Section):
@@ -146,23 +171,30 @@ class RewardConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    name: Literal["gspo", "gspo_token", "grpo"] = Field("gspo", description="Policy loss.")
+    name: str = Field("gspo", description="Policy loss: gspo, gspo_token or grpo (registered).")
     clip_low: float | None = Field(
         None, gt=0, description="eps_low; None takes the paper's (3e-4 GSPO, 0.2 GRPO)."
     )
     clip_high: float | None = Field(
         None, gt=0, description="eps_high; None takes the paper's (4e-4 GSPO, 0.27 GRPO)."
     )
-    loss_agg: Literal["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"] = Field(
-        "seq_mean_token_mean", description="Loss aggregation (the paper's is the default)."
+    loss_agg: str = Field(
+        "seq_mean_token_mean",
+        description="Loss aggregation: seq_mean_token_mean (the paper's), token_mean or "
+        "seq_mean_token_sum (registered).",
     )
     scale_advantages: bool = Field(True, description="Divide advantages by the group std.")
     kl_coef: float = Field(0.0, ge=0, description="KL penalty to the initial policy; 0 = off.")
     minibatches: int = Field(4, ge=1, description="Optimiser steps per rollout batch.")
 
+    _name_registered = field_validator("name")(partial(registered, "algorithm"))
+    _agg_registered = field_validator("loss_agg")(partial(registered, "loss aggregation"))
+
     @model_validator(mode="after")
     def _paper_clip_defaults(self) -> AlgorithmConfig:
-        low, high = DEFAULT_CLIP[self.name]
+        from gspo_cli.algorithms import PAPER_CLIP
+
+        low, high = PAPER_CLIP[self.name]
         if self.clip_low is None:
             self.clip_low = low
         if self.clip_high is None:

@@ -7,7 +7,6 @@ pool is replaced: a bad answer never stops training.
 
 from __future__ import annotations
 
-import atexit
 import multiprocessing as mp
 from concurrent.futures import CancelledError, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -94,20 +93,19 @@ class MathVerifierPool:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
+    def __enter__(self) -> MathVerifierPool:
+        return self
 
-_default_pool: MathVerifierPool | None = None
-
-
-def default_math_pool(num_workers: int = 2, timeout_s: float = 5.0) -> MathVerifierPool:
-    """The shared verifier pool (created on first use, closed at exit)."""
-    global _default_pool
-    if _default_pool is None:
-        _default_pool = MathVerifierPool(num_workers, timeout_s)
-        atexit.register(_default_pool.close)
-    return _default_pool
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @REWARDS.register("math")
-def math_reward(completions: list[str], answer: list[Any], **_: Any) -> list[float]:
-    """1.0 for each completion whose last \\boxed{} matches its reference `answer`, else 0.0."""
-    return default_math_pool().score(completions, [str(a) for a in answer])
+def math_reward(
+    completions: list[str], answer: list[Any], *, math_pool: MathVerifierPool
+) -> list[float]:
+    """1.0 for each completion whose last \\boxed{} matches its reference `answer`, else 0.0.
+
+    `math_pool` is handed in by the trainer or `gspo eval`, sized from their settings.
+    """
+    return math_pool.score(completions, [str(a) for a in answer])

@@ -19,8 +19,8 @@ from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.train.batch import TrainBatch
 from gspo_cli.train.distributed import DistContext
+from gspo_cli.train.engine import adamw_with_schedule, optimizer_steps
 from gspo_cli.train.logprobs import response_logprobs
-from gspo_cli.train.schedule import lr_lambda
 
 # Keys the recipe owns; a user's JSON may repeat them only with the same value.
 RECIPE_OWNED = (
@@ -89,17 +89,8 @@ class DeepSpeedEngine:
     def __init__(self, model: PreTrainedModel, recipe: Recipe, ctx: DistContext) -> None:
         import deepspeed
 
-        opt = recipe.optimizer
-        total_steps = recipe.trainer.steps * recipe.algorithm.minibatches
-        optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=opt.lr,
-            betas=opt.betas,
-            eps=opt.eps,
-            weight_decay=opt.weight_decay,
-        )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_lambda(opt.schedule, opt.warmup_steps, total_steps, opt.min_lr_ratio)
+        optimizer, scheduler = adamw_with_schedule(
+            list(model.parameters()), recipe.optimizer, optimizer_steps(recipe)
         )
         self.ctx = ctx
         self.zero_stage = recipe.deepspeed.zero_stage
@@ -110,6 +101,11 @@ class DeepSpeedEngine:
             config=deepspeed_config(recipe, ctx.world),
         )
         self.model: PreTrainedModel = self.ds.module
+
+    @property
+    def allows_resharding(self) -> bool:
+        """ZeRO-0 keeps whole optimizer states; ZeRO 1-3 partition them per rank."""
+        return self.zero_stage == 0
 
     def logprobs(self, batch: TrainBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         return response_logprobs(self.ds, batch.to(self.ds.device), temperature)

@@ -1,7 +1,12 @@
-"""Training engines behind one Protocol; this file ships the plain-torch, one-process engine."""
+"""Training engines behind one Protocol; this file ships the plain-torch, one-process engine.
+
+Every engine is built the same way, `Engine(model, recipe, ctx)`, and registered by the name
+`trainer.engine` takes; `make_engine` is the only place that chooses one.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -10,8 +15,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gspo_cli.errors import GspoError
 from gspo_cli.models.loading import restore_weights
-from gspo_cli.recipe.schema import OptimizerConfig
+from gspo_cli.recipe.schema import OptimizerConfig, Recipe
+from gspo_cli.registry import Registry
 from gspo_cli.train.batch import TrainBatch
+from gspo_cli.train.distributed import DistContext
 from gspo_cli.train.logprobs import response_logprobs
 from gspo_cli.train.schedule import lr_lambda
 
@@ -20,6 +27,11 @@ class TrainEngine(Protocol):
     """What the RL loop needs from a training backend (plain torch, DeepSpeed)."""
 
     model: PreTrainedModel
+
+    @property
+    def allows_resharding(self) -> bool:
+        """Whether a checkpoint resumes at another world size (whole, unpartitioned state)."""
+        ...
 
     def logprobs(self, batch: TrainBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         """`[n, T]` response log-probs (with grad) and entropy (no grad)."""
@@ -68,22 +80,37 @@ class FrozenPolicy:
         )
 
 
+def optimizer_steps(recipe: Recipe) -> int:
+    """Optimiser steps in the whole run: one per minibatch of every RL step."""
+    return recipe.trainer.steps * recipe.algorithm.minibatches
+
+
+def adamw_with_schedule(
+    params: list[torch.nn.Parameter], cfg: OptimizerConfig, total_steps: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """The recipe's AdamW and its warm-up/decay schedule (shared by every engine)."""
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(cfg.schedule, cfg.warmup_steps, total_steps, cfg.min_lr_ratio)
+    )
+    return optimizer, scheduler
+
+
 class TorchEngine:
     """AdamW + LambdaLR on one device; gradient accumulation is the caller's backward calls."""
 
-    def __init__(self, model: PreTrainedModel, cfg: OptimizerConfig, total_steps: int) -> None:
+    allows_resharding = True  # one process holds the whole optimizer state
+
+    def __init__(self, model: PreTrainedModel, recipe: Recipe, ctx: DistContext) -> None:
+        if ctx.world > 1:
+            raise GspoError("several processes need trainer.engine: deepspeed")
         self.model = model
-        self.max_grad_norm = cfg.max_grad_norm
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=cfg.lr,
-            betas=cfg.betas,
-            eps=cfg.eps,
-            weight_decay=cfg.weight_decay,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lr_lambda(cfg.schedule, cfg.warmup_steps, total_steps, cfg.min_lr_ratio),
+        self.max_grad_norm = recipe.optimizer.max_grad_norm
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer, self.scheduler = adamw_with_schedule(
+            params, recipe.optimizer, optimizer_steps(recipe)
         )
 
     def logprobs(self, batch: TrainBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,3 +149,19 @@ class TorchEngine:
     def save_model(self, path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
         self.model.save_pretrained(path)
         tokenizer.save_pretrained(path)
+
+
+EngineFactory = Callable[[PreTrainedModel, Recipe, DistContext], TrainEngine]
+TRAIN_ENGINES: Registry[EngineFactory] = Registry("training engine")
+TRAIN_ENGINES.add("torch", TorchEngine)
+
+
+@TRAIN_ENGINES.register("deepspeed")
+def _deepspeed(model: PreTrainedModel, recipe: Recipe, ctx: DistContext) -> TrainEngine:
+    from gspo_cli.train.ds_engine import DeepSpeedEngine  # imports deepspeed: only when chosen
+
+    return DeepSpeedEngine(model, recipe, ctx)
+
+
+def make_engine(model: PreTrainedModel, recipe: Recipe, ctx: DistContext) -> TrainEngine:
+    return TRAIN_ENGINES.get(recipe.trainer.engine)(model, recipe, ctx)

@@ -8,6 +8,7 @@ from gspo_cli.data.problems import Problem
 from gspo_cli.data.testcases import parse_tests
 from gspo_cli.eval.runner import generate_and_judge
 from gspo_cli.eval.summary import summarize
+from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout.base import RolloutEngine, SamplingParams
 
 
@@ -32,10 +33,17 @@ def heldout_accuracy(
     problems: list[Problem],
     params: SamplingParams,
     seed: int,
+    math_pool: MathVerifierPool,
 ) -> dict[str, float]:
     """avg@k accuracy, share of problems solved at least once (pass@k), response statistics."""
     records = generate_and_judge(
-        engine, tokenizer, problems, params, seed, prompt_for=lambda p: p.question
+        engine,
+        tokenizer,
+        problems,
+        params,
+        seed,
+        math_pool=math_pool,
+        prompt_for=lambda p: p.question,
     )
     k = params.num_samples
     metrics = summarize(records, k, problems[0].kind, seed)

@@ -17,13 +17,14 @@ from gspo_cli.train.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from gspo_cli.train.distributed import LOCAL
 from gspo_cli.train.engine import TorchEngine
 from gspo_cli.train.sampler import PromptSampler
 
 
 def _trained_engine() -> tuple[TorchEngine, object]:
     model, tokenizer = create_builtin("tiny-dense", seed=3)
-    engine = TorchEngine(model, Recipe().optimizer, 10)
+    engine = TorchEngine(model, Recipe(), LOCAL)
     ids = torch.randint(0, 90, (2, 8))
     model(input_ids=ids, labels=ids).loss.backward()
     engine.step()
@@ -45,7 +46,7 @@ def test_round_trip_restores_weights_optimizer_scheduler_rng_and_data_position(
     assert folder is not None and folder.name == "step_000007"
     state = load_trainer_state(folder)
     model2, _ = create_builtin("tiny-dense", seed=99)  # different init, overwritten below
-    engine2 = TorchEngine(model2, Recipe().optimizer, 10)
+    engine2 = TorchEngine(model2, Recipe(), LOCAL)
     engine2.load_state(folder)
     sampler2 = PromptSampler(10, seed=1)
     sampler2.load_state_dict(state["sampler"])

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gspo_cli.data import load_rows
 from gspo_cli.recipe import load_recipe
+from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.train.rewards import RewardModel
 from tests.conftest import REPO, run_cli
 from tests.integration.test_code_judging import TSHIRTS
@@ -21,7 +22,8 @@ def test_the_recipes_reward_scores_code_problems_from_the_training_data(shared: 
     row = rows["codeforces/1000_A"]
     good = f"Here it is.\n```python\n{TSHIRTS}```"
     bad = "```python\nprint(0)\n```"
-    rewards, correct = RewardModel(recipe.reward)([good, bad, "no code"], [row, row, row])
+    reward = RewardModel(recipe.reward, RewardServices())
+    rewards, correct = reward([good, bad, "no code"], [row, row, row])
     assert rewards == [1.0, 0.0, 0.0] and correct == [1.0, 0.0, 0.0]
 
 

@@ -11,6 +11,7 @@ import torch
 from gspo_cli.models import create_builtin
 from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import HFGenerateEngine, RolloutBatch, SamplingParams
+from gspo_cli.train.distributed import LOCAL
 from gspo_cli.train.engine import TorchEngine
 from gspo_cli.train.step import StepSettings, rl_step
 
@@ -69,7 +70,7 @@ def _setup(model_name: str, algorithm: str, micro: int = 0, seed: int = 0):  # t
     )
     params = SamplingParams(temperature=1.0, max_new_tokens=12, num_samples=GROUP)
     settings = StepSettings(recipe.algorithm, params, micro, False, int(tokenizer.pad_token_id))
-    return model, tokenizer, GradCapturingEngine(model, recipe.optimizer, 10), settings
+    return model, tokenizer, GradCapturingEngine(model, recipe, LOCAL), settings
 
 
 def _step(engine, rollout, settings, seed: int = 0):  # type: ignore[no-untyped-def]

@@ -16,7 +16,9 @@ def test_contract_and_equivalences() -> None:
         "\\boxed{025}",
     ]
     answers = ["7", "7", "7", "1/2", "\\frac12", "25"]
-    assert math_reward(completions, answer=answers, prompt=["ignored"] * 6) == [
+    with MathVerifierPool(1, 5.0) as pool:
+        scores = math_reward(completions, answers, math_pool=pool)
+    assert scores == [
         1.0,
         0.0,
         0.0,
@@ -29,7 +31,8 @@ def test_contract_and_equivalences() -> None:
 
 def test_malformed_answers_score_zero_and_never_raise() -> None:
     nasty = ["\\boxed{", "\\boxed{\\frac{", "\\boxed{" + "(" * 500 + "}", "\\boxed{x^{" * 50, ""]
-    assert math_reward(nasty, answer=["1"] * len(nasty)) == [0.0] * len(nasty)
+    with MathVerifierPool(1, 5.0) as pool:
+        assert math_reward(nasty, ["1"] * len(nasty), math_pool=pool) == [0.0] * len(nasty)
 
 
 def test_last_boxed_balances_braces() -> None:

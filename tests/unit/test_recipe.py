@@ -70,12 +70,31 @@ def test_base_loop_is_reported(tmp_path: Path) -> None:
         ("algorithm:\n  clip_low: -1\n", "algorithm.clip_low: Input should be greater than 0"),
         ("rollout:\n  num_prompts: abc\n", "rollout.num_prompts: Input should be a valid integer"),
         ("rollout: {num_prompts: 3, group_size: 3}\n", "algorithm.minibatches (4) must divide"),
-        ("model:\n  path: ./no/such/model\n", "model.path: file not found: ./no/such/model"),
-        ("data:\n  source: missing.jsonl\n", "data.source: file not found: missing.jsonl"),
+        ("model:\n  path: ./no/such/model\n", "model.path: file not found: /"),
+        ("data:\n  source: missing.jsonl\n", "data.source: file not found: /"),
         (
             "algorithm:\n  name: ppo\n",
-            "algorithm.name: Input should be 'gspo', 'gspo_token' or 'grpo'",
+            "algorithm.name: unknown algorithm 'ppo'; known: grpo, gspo, gspo_token",
         ),
+        (
+            "algorithm:\n  loss_agg: mean\n",
+            "algorithm.loss_agg: unknown loss aggregation 'mean'; known: seq_mean_token_mean",
+        ),
+        (
+            "reward:\n  functions: [{name: code, options: {partial_credt: true}}]\n",
+            "reward 'code' has no option 'partial_credt'; did you mean 'partial_credit'?",
+        ),
+        (
+            "reward:\n  functions: [{name: code, options: {time_limit_s: soon}}]\n",
+            "reward 'code' option 'time_limit_s': Input should be a valid number",
+        ),
+        (
+            "reward:\n  functions: [{name: math, options: {math_pool: 1}}]\n",
+            "reward 'math' has no option 'math_pool'",
+        ),
+        ("reward:\n  functions: [{name: verifier}]\n", "unknown reward 'verifier'; known: code"),
+        ("reward:\n  functions: [{name: no_such_mod:f}]\n", "cannot import 'no_such_mod'"),
+        ("", "the recipe file is empty"),
         ("a: [1\nb: 2\n", "line 2: invalid YAML"),
         ("- 1\n- 2\n", "a recipe must be a mapping"),
     ],
@@ -95,7 +114,7 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
 
 def test_malformed_set_override(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match=r"expected KEY\.PATH=VALUE"):
-        load_recipe(write(tmp_path, "a.yaml", ""), ["algorithm.clip_high"])
+        load_recipe(write(tmp_path, "a.yaml", "name: run\n"), ["algorithm.clip_high"])
     with pytest.raises(RecipeError, match="name is not a section"):
         load_recipe(write(tmp_path, "b.yaml", "name: run\n"), ["name.x=1"])
 
@@ -112,3 +131,46 @@ def test_every_field_is_documented() -> None:
         return missing
 
     assert walk(Recipe) == []
+
+
+def test_paths_in_a_recipe_are_relative_to_its_file(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    folder = tmp_path / "recipes" / "mine"
+    folder.mkdir(parents=True)
+    (tmp_path / "data.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    (tmp_path / "base.yaml").write_text("data:\n  eval_source: ./data.jsonl\n")
+    recipe = write(
+        folder,
+        "r.yaml",
+        "base: ../../base.yaml\n"
+        "data:\n  source: ../../data.jsonl\n"
+        "eval:\n  benchmark: gsm8k\n  data: ../../data.jsonl\n",
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the working directory does not matter
+    loaded = load_recipe(recipe)
+    data_file = str(tmp_path / "data.jsonl")
+    assert loaded.data.source == data_file and loaded.eval.data == data_file
+    assert loaded.data.eval_source == data_file  # the base's path, relative to the base
+    # benchmark:NAME:PATH resolves its PATH part; hub ids and built-ins are left alone.
+    text = "data:\n  source: benchmark:gsm8k:../../data.jsonl\n  eval_source: openai/gsm8k\n"
+    loaded = load_recipe(write(folder, "b.yaml", text))
+    assert loaded.data.source == f"benchmark:gsm8k:{data_file}"
+    assert loaded.data.eval_source == "openai/gsm8k" and loaded.model.path == "builtin:tiny-dense"
+
+
+def test_a_reward_can_be_the_users_own_function(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "my_rewards.py").write_text(
+        "def shorter_is_better(completions, answer, *, scale: float = 1.0):\n"
+        "    return [scale / (1 + len(c)) for c in completions]\n"
+        "def sloppy(completions, **kwargs):\n"
+        "    return [0.0] * len(completions)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = "reward:\n  functions: [{name: 'my_rewards:shorter_is_better', options: {scale: 2}}]\n"
+    recipe = load_recipe(write(tmp_path, "r.yaml", text))
+    assert recipe.reward.functions[0].options == {"scale": 2.0}
+    with pytest.raises(RecipeError, match="would accept knobs and ignore them"):
+        load_recipe(
+            write(tmp_path, "s.yaml", "reward:\n  functions: [{name: my_rewards.sloppy}]\n")
+        )

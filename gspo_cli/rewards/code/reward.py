@@ -37,7 +37,7 @@ def code_reward(
     time_limit_s: float = 6.0,
     memory_limit_mb: int = 1024,
     max_tests: int | None = None,
-    **_: Any,
+    judge_pool: JudgePool | None = None,
 ) -> list[float]:
     """Per completion: 1.0 if its last code block passes all of `tests[i]` (LiveCodeBench's
     input_output dict, or its JSON string), else 0.0; with `partial_credit`, the fraction of
@@ -49,5 +49,6 @@ def code_reward(
         memory_limit_mb=memory_limit_mb,
         all_tests=partial_credit,
         max_tests=max_tests,
+        pool=judge_pool,
     )
     return [r.reward(partial_credit) for r in results]

@@ -1,0 +1,193 @@
+"""Everything a training run needs before its first step, built once: `prepare_run`.
+
+The loop (`train/loop.py`) only reads a `PreparedRun`; what is opened here (the maths verifier
+pool, the run log) is closed by `PreparedRun.close`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from gspo_cli.data.problems import Problem
+from gspo_cli.errors import GspoError
+from gspo_cli.models import load_policy
+from gspo_cli.recipe.schema import Recipe
+from gspo_cli.rewards.binding import RewardServices
+from gspo_cli.rewards.math_verifier import MathVerifierPool
+from gspo_cli.rollout import HFGenerateEngine, SamplingParams
+from gspo_cli.train.checkpoint import latest_checkpoint, load_trainer_state, set_rng_state
+from gspo_cli.train.distributed import (
+    DistContext,
+    check_world_size,
+    context_from_env,
+    init_process_group,
+)
+from gspo_cli.train.engine import FrozenPolicy, TrainEngine, make_engine
+from gspo_cli.train.rewards import RewardModel
+from gspo_cli.train.run_log import RunLog, start_wandb
+from gspo_cli.train.sampler import PromptSampler
+from gspo_cli.train.setup import (
+    CHECKPOINTS_DIR,
+    COLD_START_DIR,
+    Problems,
+    heldout_problems,
+    load_problems,
+    load_recipe_model,
+    prepare_run_dir,
+    resolve_device,
+    run_cold_start,
+)
+from gspo_cli.train.step import StepSettings
+
+
+@dataclass
+class PreparedRun:
+    recipe: Recipe
+    ctx: DistContext
+    device: torch.device
+    run_dir: Path
+    console: Console
+    tokenizer: PreTrainedTokenizerBase
+    train_set: Problems
+    eval_problems: list[Problem]
+    engine: TrainEngine
+    rollout_engine: HFGenerateEngine
+    ref_engine: FrozenPolicy | None
+    reward: RewardModel
+    math_pool: MathVerifierPool
+    sampler: PromptSampler
+    log: RunLog
+    settings: StepSettings
+    start: int  # the last step already done (0 for a new run)
+
+    def close(self) -> None:
+        self.log.close()
+        self.math_pool.close()
+
+
+def prepare_run(
+    recipe: Recipe, recipe_yaml: str, out: Path | None, resume: bool, console: Console | None
+) -> PreparedRun:
+    """Processes, run folder, model (after the cold start), engines, rewards and resume state."""
+    ctx = context_from_env()
+    device = resolve_device(recipe.trainer.device, ctx.local_rank)
+    if ctx.world > 1 and recipe.trainer.engine != "deepspeed":
+        raise GspoError("several processes need trainer.engine: deepspeed")
+    check_world_size(recipe, ctx.world)
+    if recipe.trainer.engine == "deepspeed":
+        init_process_group(ctx, device)
+    console = (console or Console()) if ctx.is_main else Console(quiet=True)
+    run_dir = _run_dir(recipe, out, resume, recipe_yaml, ctx)
+    torch.manual_seed(recipe.trainer.seed)
+    model, tokenizer = load_recipe_model(recipe)
+    train_set = load_problems(recipe, tokenizer, "train")
+    eval_problems = heldout_problems(recipe, tokenizer)
+    model = _after_cold_start(recipe, model.to(device), tokenizer, train_set, run_dir, ctx, console)
+    model.to(device)
+    if recipe.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    ref_engine = _reference(recipe, model)
+    engine = make_engine(model, recipe, ctx)
+    synced = recipe.trainer.engine == "deepspeed" and recipe.deepspeed.zero_stage == 3
+    rollout_engine = HFGenerateEngine(engine.model, tokenizer, synced_gpus=synced and ctx.world > 1)
+    math_pool = MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s)
+    reward = RewardModel(recipe.reward, RewardServices(math_pool=math_pool))
+    sampler = PromptSampler(len(train_set.rows), recipe.data.seed + recipe.trainer.seed)
+    log = RunLog(run_dir, _wandb(recipe, run_dir) if ctx.is_main else None, enabled=ctx.is_main)
+    start = _resume(run_dir, engine, sampler, log, ctx) if resume else 0
+    if not resume:
+        torch.manual_seed(recipe.trainer.seed)
+    settings = StepSettings(
+        recipe.algorithm,
+        rollout_params(recipe),
+        recipe.trainer.micro_batch_size,
+        recipe.rollout.use_engine_logprobs,
+        int(tokenizer.pad_token_id),
+    )
+    return PreparedRun(
+        recipe, ctx, device, run_dir, console, tokenizer, train_set, eval_problems, engine,
+        rollout_engine, ref_engine, reward, math_pool, sampler, log, settings, start,
+    )  # fmt: skip
+
+
+def rollout_params(recipe: Recipe) -> SamplingParams:
+    r = recipe.rollout
+    return SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, r.group_size)
+
+
+def _run_dir(
+    recipe: Recipe, out: Path | None, resume: bool, recipe_yaml: str, ctx: DistContext
+) -> Path:
+    run_dir = out or Path(recipe.trainer.out_dir) / recipe.name
+    if ctx.is_main:
+        prepare_run_dir(recipe, run_dir, resume, recipe_yaml)
+    ctx.barrier()
+    return run_dir
+
+
+def _after_cold_start(
+    recipe: Recipe,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    train_set: Problems,
+    run_dir: Path,
+    ctx: DistContext,
+    console: Console,
+) -> PreTrainedModel:
+    """The policy RL starts from: the cold-start result when enabled (one rank trains it)."""
+    if not recipe.cold_start.enabled:
+        return model
+    if ctx.is_main:
+        run_cold_start(recipe, model, tokenizer, train_set, run_dir, console)
+    ctx.barrier()
+    model, _ = load_policy(str(run_dir / COLD_START_DIR), dtype=recipe.model.dtype)
+    return model
+
+
+def _reference(recipe: Recipe, model: PreTrainedModel) -> FrozenPolicy | None:
+    """A frozen copy of the starting policy, only when the KL penalty is on."""
+    if recipe.algorithm.kl_coef == 0:
+        return None
+    return FrozenPolicy(copy.deepcopy(model).eval().requires_grad_(False))
+
+
+def _wandb(recipe: Recipe, run_dir: Path) -> Any:
+    if not recipe.logging.wandb:
+        return None
+    cfg = recipe.logging
+    return start_wandb(
+        run_dir, cfg.wandb_project, cfg.wandb_mode, recipe.name, recipe.model_dump(mode="json")
+    )
+
+
+def _resume(
+    run_dir: Path, engine: TrainEngine, sampler: PromptSampler, log: RunLog, ctx: DistContext
+) -> int:
+    root = run_dir / CHECKPOINTS_DIR
+    if ctx.is_main:
+        latest_checkpoint(root)  # removes what a kill during a save left behind
+    ctx.barrier()
+    folder = latest_checkpoint(root, cleanup=False)
+    if folder is None:  # killed before the first checkpoint: start over, keep the cold start
+        log.truncate_after(-1)
+        return 0
+    state = load_trainer_state(folder)
+    saved_world = int(state.get("world", 1))
+    if saved_world != ctx.world and not engine.allows_resharding:
+        raise GspoError(
+            f"checkpoint {folder} was written by {saved_world} process(es); this engine cannot "
+            f"re-partition its optimizer state for {ctx.world}: resume with --nproc {saved_world}"
+        )
+    engine.load_state(folder)
+    sampler.load_state_dict(state["sampler"])
+    set_rng_state(state["rng"])
+    log.truncate_after(int(state["step"]))
+    return int(state["step"])
