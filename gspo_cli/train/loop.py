@@ -22,12 +22,12 @@ from gspo_cli.errors import GspoError
 from gspo_cli.models import load_policy
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rollout import HFGenerateEngine, SamplingParams
+from gspo_cli.run_folder import CHECKPOINTS, COLD_START, SAMPLES, SUMMARY, write_text_atomic
 from gspo_cli.train.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
     save_checkpoint,
     set_rng_state,
-    write_text_atomic,
 )
 from gspo_cli.train.console import TrainingDisplay
 from gspo_cli.train.distributed import (
@@ -42,9 +42,6 @@ from gspo_cli.train.rewards import RewardModel
 from gspo_cli.train.run_log import RunLog, start_wandb
 from gspo_cli.train.sampler import PromptSampler
 from gspo_cli.train.setup import (
-    CHECKPOINTS_DIR,
-    COLD_START_DIR,
-    SUMMARY,
     Problems,
     eval_params,
     heldout_problems,
@@ -89,7 +86,7 @@ def train(
         if ctx.is_main:  # one rank fine-tunes; the others load its result
             run_cold_start(recipe, model, tokenizer, train_set, run_dir, console)
         ctx.barrier()
-        model, _ = load_policy(str(run_dir / COLD_START_DIR), dtype=recipe.model.dtype)
+        model, _ = load_policy(str(run_dir / COLD_START), dtype=recipe.model.dtype)
         model.to(device)
     if recipe.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -157,7 +154,7 @@ def train(
             if step % recipe.trainer.checkpoint_every == 0 or step == recipe.trainer.steps:
                 state = {"sampler": sampler.state_dict(), "world": ctx.world}
                 save_checkpoint(
-                    run_dir / CHECKPOINTS_DIR,
+                    run_dir / CHECKPOINTS,
                     step,
                     engine,
                     tokenizer,
@@ -224,7 +221,7 @@ def _wandb(recipe: Recipe, run_dir: Path) -> Any:
 def _resume(
     run_dir: Path, engine: TrainEngine, sampler: PromptSampler, log: RunLog, ctx: DistContext
 ) -> int:
-    root = run_dir / CHECKPOINTS_DIR
+    root = run_dir / CHECKPOINTS
     if ctx.is_main:
         latest_checkpoint(root)  # removes what a kill during a save left behind
     ctx.barrier()
@@ -257,7 +254,7 @@ def _log_samples(
     for i in range(min(count, len(output.rollout.texts))):
         row = problems.rows[index[i // g]]
         log.append(
-            "samples.jsonl",
+            SAMPLES,
             {
                 "step": step,
                 "prompt": str(row["prompt"]),
@@ -307,5 +304,5 @@ def run_sft_only(
     )
     RunLog(run_dir).evaluation(0, values)
     console.print(f"held-out accuracy after cold start: {values['accuracy']:.1%}", highlight=False)
-    console.print(f"HF checkpoint: {run_dir / COLD_START_DIR}", highlight=False)
-    return run_dir / COLD_START_DIR
+    console.print(f"HF checkpoint: {run_dir / COLD_START}", highlight=False)
+    return run_dir / COLD_START
