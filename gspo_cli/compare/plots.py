@@ -8,8 +8,7 @@ with a dotted vertical line in the run's colour. A plot whose metric no run has 
 
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from gspo_cli.compare.series import (
     x_positions,
 )
 from gspo_cli.compare.stats import Comparison, RunReport
+from gspo_cli.run_folder import write_bytes_atomic
 
 FIGSIZE = (8.0, 4.5)
 DPI = 100
@@ -89,15 +89,10 @@ def _mark(ax: Any, report: RunReport, key: str, cmp: Comparison, color: Any) -> 
 
 
 def _save_atomic(fig: Any, path: Path) -> None:
-    """Render to a temporary file next to `path`, then rename: readers never see half a PNG."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png", dpi=DPI)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """Render in memory, then replace `path` atomically: readers never see half a PNG."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    write_bytes_atomic(path, buffer.getvalue())
 
 
 def draw(cmp: Comparison, key: str, path: Path) -> bool:

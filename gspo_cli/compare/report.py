@@ -11,7 +11,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from gspo_cli.atomic import write_text_atomic
 from gspo_cli.compare.series import X_LABELS
 from gspo_cli.compare.stats import Comparison
 from gspo_cli.compare.table import Row, markdown_table
@@ -21,8 +20,7 @@ from gspo_cli.compare.verdicts import (
     VERDICT_WINDOW,
     verdict_text,
 )
-
-SUMMARY_JSON, SUMMARY_MD = "summary.json", "summary.md"
+from gspo_cli.run_folder import SUMMARY, SUMMARY_MD, write_text_atomic
 
 
 def _finite(value: Any) -> Any:
@@ -94,7 +92,7 @@ def summary_markdown(
 def remove_stale_plots(out_dir: Path) -> None:
     """Delete the plots a previous comparison listed in summary.json (only those)."""
     try:
-        previous = json.loads((out_dir / SUMMARY_JSON).read_text(encoding="utf-8"))
+        previous = json.loads((out_dir / SUMMARY).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return
     names = previous.get("plots") if isinstance(previous, dict) else None
@@ -109,5 +107,5 @@ def write_reports(
 ) -> None:
     data = summary_data(cmp, plots, problems)
     text = json.dumps(data, indent=2, allow_nan=False) + "\n"
-    write_text_atomic(out_dir / SUMMARY_JSON, text)
+    write_text_atomic(out_dir / SUMMARY, text)
     write_text_atomic(out_dir / SUMMARY_MD, summary_markdown(cmp, rows, plots, problems))

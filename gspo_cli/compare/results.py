@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gspo_cli.run_folder import EVAL_DIR, RESULTS
+
 VALUE_KEYS = ("value", "mean", "estimate", "score")
 INTERVAL_KEYS = (("ci_low", "ci_high"), ("low", "high"), ("lower", "upper"))
 INTERVAL_LISTS = ("ci", "interval")
@@ -68,14 +70,14 @@ def _benchmark(data: dict[str, Any], path: Path, run_dir: Path) -> str:
     name = data.get("benchmark")
     if isinstance(name, str) and name:
         return name
-    return path.parent.name if path.parent not in (run_dir, run_dir / "eval") else ""
+    return path.parent.name if path.parent not in (run_dir, run_dir / EVAL_DIR) else ""
 
 
 def read_results(run_dir: Path, warn: Callable[[Path, str], None]) -> list[EvalResult]:
     """Every metric of every results file in the run folder, labelled `<benchmark> <metric>`."""
     paths = sorted(
-        {*run_dir.glob("results.json"), *run_dir.glob("eval/results.json")}
-        | set(run_dir.glob("eval/*/results.json"))
+        {*run_dir.glob(RESULTS), *run_dir.glob(f"{EVAL_DIR}/{RESULTS}")}
+        | set(run_dir.glob(f"{EVAL_DIR}/*/{RESULTS}"))
     )
     results: list[EvalResult] = []
     labels: set[str] = set()

@@ -19,8 +19,7 @@ from rich.console import Console
 from rich.text import Text
 
 from gspo_cli.compare.results import EvalResult, read_results
-
-METRICS, EVALS, RECIPE, SUMMARY = "metrics.jsonl", "eval.jsonl", "recipe.yaml", "summary.json"
+from gspo_cli.run_folder import EVALS, METRICS, RECIPE, SUMMARY, iter_jsonl
 
 
 class Problems:
@@ -105,12 +104,8 @@ def to_number(value: Any) -> float | None:
     return None
 
 
-def _parse_line(line: str) -> dict[str, float] | None:
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict):
+def _parse_record(obj: dict[str, Any] | None) -> dict[str, float] | None:
+    if obj is None:  # not a JSON object: a line cut by a kill, or garbage
         return None
     step = to_number(obj.get("step"))
     if step is None or not math.isfinite(step) or step != int(step) or step < 0:
@@ -120,15 +115,16 @@ def _parse_line(line: str) -> dict[str, float] | None:
     return record
 
 
-def read_jsonl(path: Path, problems: Problems) -> list[dict[str, float]]:
-    """Numeric records of a JSONL file by step; corrupt lines are reported and skipped."""
+def read_records(path: Path, problems: Problems) -> list[dict[str, float]]:
+    """Numeric records of a JSONL file by step; corrupt lines are reported and skipped.
+
+    Stricter than run_folder.read_jsonl: a record also needs a valid `step`, and every skipped
+    line is reported by number, since compare is where a damaged run gets noticed.
+    """
     by_step: dict[int, dict[str, float]] = {}
     repeated = 0
-    text = path.read_text(encoding="utf-8", errors="replace")
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        record = _parse_line(line)
+    for number, obj in iter_jsonl(path):
+        record = _parse_record(obj)
         if record is None:
             problems.warning(f"{path}:{number}", "corrupt line skipped (not a JSON record)")
             continue
@@ -169,7 +165,7 @@ def _read_heldout(run_dir: Path, records: list[dict[str, float]], problems: Prob
         if "heldout_accuracy" in record:
             by_step[int(record["step"])] = record["heldout_accuracy"]
     if (run_dir / EVALS).is_file():
-        for record in read_jsonl(run_dir / EVALS, problems):
+        for record in read_records(run_dir / EVALS, problems):
             if "accuracy" in record:
                 by_step[int(record["step"])] = record["accuracy"]
     return sorted(by_step.items())
@@ -196,7 +192,7 @@ def load_run(path: Path, problems: Problems) -> Run | None:
         _not_a_run(path, problems)
         return None
     try:
-        records = read_jsonl(path / METRICS, problems)
+        records = read_records(path / METRICS, problems)
     except OSError as exc:
         problems.error(path / METRICS, f"unreadable ({exc.strerror or exc}); skipped")
         return None

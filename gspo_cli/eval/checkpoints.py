@@ -6,9 +6,7 @@ from pathlib import Path
 
 from gspo_cli.errors import GspoError
 from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX
-
-LATEST_POINTER = Path("checkpoints") / "latest"
-COLD_START = "cold_start"
+from gspo_cli.run_folder import CHECKPOINTS, COLD_START, HF_CONFIG, LATEST
 
 
 def resolve_checkpoint(name: str) -> str:
@@ -20,14 +18,14 @@ def resolve_checkpoint(name: str) -> str:
         if name.startswith(("/", ".", "~")) or name.count("/") != 1:
             raise GspoError(f"checkpoint not found: {name}")
         return name  # a hub id such as Qwen/Qwen3-8B, loaded if cached
-    if (path / "config.json").is_file():
+    if (path / HF_CONFIG).is_file():
         return str(path)
-    pointer = path / LATEST_POINTER
+    pointer = path / CHECKPOINTS / LATEST
     if pointer.is_file():
-        folder = path / "checkpoints" / pointer.read_text(encoding="utf-8").strip()
-        if not (folder / "config.json").is_file():
+        folder = path / CHECKPOINTS / pointer.read_text(encoding="utf-8").strip()
+        if not (folder / HF_CONFIG).is_file():
             raise GspoError(f"{pointer} points to {folder}, which is not an HF checkpoint")
         return str(folder)
-    if (path / COLD_START / "config.json").is_file():
+    if (path / COLD_START / HF_CONFIG).is_file():
         return str(path / COLD_START)
     raise GspoError(f"{name} is neither an HF checkpoint (config.json) nor a run folder")

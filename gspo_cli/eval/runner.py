@@ -7,7 +7,6 @@ with `resume=True` skips it. `results.json` is written atomically at the end.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -19,7 +18,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from gspo_cli.atomic import write_text_atomic
 from gspo_cli.data import render_prompt
 from gspo_cli.data.benchmarks import build_prompt, load_benchmark
 from gspo_cli.data.problems import Problem
@@ -31,8 +29,15 @@ from gspo_cli.eval.summary import codeforces_elo, summarize
 from gspo_cli.models import load_policy
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import HFGenerateEngine, RolloutEngine, SamplingParams
+from gspo_cli.run_folder import (
+    RESULTS,
+    SAMPLES,
+    SETTINGS,
+    append_jsonl,
+    read_jsonl,
+    write_text_atomic,
+)
 
-SAMPLES, RESULTS, SETTINGS = "samples.jsonl", "results.json", "settings.json"
 SEQUENCES_PER_BATCH = 64  # problems x samples per generate call: bounds memory on small machines
 
 
@@ -96,7 +101,7 @@ def run_eval(
         )
 
         def finished(record: dict[str, Any]) -> None:
-            _append(out / SAMPLES, record)
+            append_jsonl(out / SAMPLES, record)
             done[record["id"]] = record
             progress.advance(task, settings.samples)
 
@@ -201,21 +206,11 @@ def _prepare_out(out: Path, settings: EvalSettings, resume: bool) -> dict[str, d
             raise GspoError(f"--resume: the settings differ from the ones in {settings_file}")
     write_text_atomic(settings_file, wanted)
     done: dict[str, dict[str, Any]] = {}
-    if resume and (out / SAMPLES).is_file():
-        for line in (out / SAMPLES).read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-                done[record["id"]] = record
-            except (json.JSONDecodeError, KeyError):
-                continue  # the line a kill cut short: that problem runs again
+    # A line a kill cut short is skipped by read_jsonl: that problem runs again.
+    for record in read_jsonl(out / SAMPLES) if resume else []:
+        if "id" in record:
+            done[record["id"]] = record
     return done
-
-
-def _append(path: Path, record: dict[str, Any]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _results(

@@ -16,13 +16,17 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from gspo_cli.atomic import write_text_atomic
 from gspo_cli.errors import GspoError
+from gspo_cli.run_folder import (
+    LATEST,
+    STEP_GLOB,
+    TRAINER_STATE,
+    staging,
+    step_folder,
+    write_text_atomic,
+)
 from gspo_cli.train.distributed import LOCAL, DistContext
 from gspo_cli.train.engine import TrainEngine
-
-STATE_FILE = "trainer_state.pt"
-LATEST = "latest"
 
 
 def rng_state() -> dict[str, Any]:
@@ -59,8 +63,8 @@ def save_checkpoint(
 
     Every rank calls this (DeepSpeed saves are collective); rank 0 writes the shared files.
     """
-    final = root / f"step_{step:06d}"
-    tmp = root / f".{final.name}.tmp"
+    final = root / step_folder(step)
+    tmp = root / staging(final.name)
     if ctx.is_main:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -69,7 +73,7 @@ def save_checkpoint(
     engine.save_model(tmp, tokenizer)
     engine.save_state(tmp)
     if ctx.is_main:
-        torch.save({**state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
+        torch.save({**state, "step": step, "rng": rng_state()}, tmp / TRAINER_STATE)
     ctx.barrier()
     if ctx.is_main:
         _fsync_tree(tmp)
@@ -77,7 +81,7 @@ def save_checkpoint(
             shutil.rmtree(final)
         os.rename(tmp, final)
         write_text_atomic(root / LATEST, final.name)
-        for old in sorted(root.glob("step_*"))[:-keep]:
+        for old in sorted(root.glob(STEP_GLOB))[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     ctx.barrier()
     return final
@@ -85,20 +89,20 @@ def save_checkpoint(
 
 def latest_checkpoint(root: Path, *, cleanup: bool = True) -> Path | None:
     """The folder `latest` points to, or None when there is no checkpoint yet."""
-    for tmp in root.glob(".step_*.tmp") if cleanup else []:  # left by a kill during a save
+    for tmp in root.glob(staging(STEP_GLOB)) if cleanup else []:  # left by a kill during a save
         shutil.rmtree(tmp, ignore_errors=True)
     pointer = root / LATEST
     if not pointer.is_file():
         return None
     folder = root / pointer.read_text(encoding="utf-8").strip()
-    if not (folder / STATE_FILE).is_file():
+    if not (folder / TRAINER_STATE).is_file():
         raise GspoError(f"checkpoint {folder} is incomplete or missing; remove it to start over")
     return folder
 
 
 def load_trainer_state(folder: Path) -> dict[str, Any]:
     try:
-        state: dict[str, Any] = torch.load(folder / STATE_FILE, weights_only=False)
+        state: dict[str, Any] = torch.load(folder / TRAINER_STATE, weights_only=False)
     except Exception as exc:  # pickle/zip errors of many kinds all mean a corrupted file
-        raise GspoError(f"checkpoint {folder / STATE_FILE} is corrupted: {exc}") from None
+        raise GspoError(f"checkpoint {folder / TRAINER_STATE} is corrupted: {exc}") from None
     return state

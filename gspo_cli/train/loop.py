@@ -20,15 +20,13 @@ from rich.console import Console
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import HFGenerateEngine
-from gspo_cli.train.checkpoint import save_checkpoint, write_text_atomic
+from gspo_cli.run_folder import CHECKPOINTS, COLD_START, SAMPLES, SUMMARY, write_text_atomic
+from gspo_cli.train.checkpoint import save_checkpoint
 from gspo_cli.train.console import TrainingDisplay
 from gspo_cli.train.heldout import heldout_accuracy
 from gspo_cli.train.prepare import PreparedRun, prepare_run
 from gspo_cli.train.run_log import RunLog
 from gspo_cli.train.setup import (
-    CHECKPOINTS_DIR,
-    COLD_START_DIR,
-    SUMMARY,
     Problems,
     eval_params,
     heldout_problems,
@@ -120,7 +118,7 @@ def run_loop(run: PreparedRun) -> TrainResult:
             if step % recipe.trainer.checkpoint_every == 0 or step == steps:
                 state = {"sampler": run.sampler.state_dict(), "world": ctx.world}
                 save_checkpoint(
-                    run.run_dir / CHECKPOINTS_DIR,
+                    run.run_dir / CHECKPOINTS,
                     step,
                     run.engine,
                     run.tokenizer,
@@ -140,7 +138,7 @@ def _log_samples(
     for i in range(min(count, len(output.rollout.texts))):
         row = problems.rows[index[i // g]]
         log.append(
-            "samples.jsonl",
+            SAMPLES,
             {
                 "step": step,
                 "prompt": str(row["prompt"]),
@@ -192,5 +190,5 @@ def run_sft_only(
         )
     RunLog(run_dir).evaluation(0, values)
     console.print(f"held-out accuracy after cold start: {values['accuracy']:.1%}", highlight=False)
-    console.print(f"HF checkpoint: {run_dir / COLD_START_DIR}", highlight=False)
-    return run_dir / COLD_START_DIR
+    console.print(f"HF checkpoint: {run_dir / COLD_START}", highlight=False)
+    return run_dir / COLD_START

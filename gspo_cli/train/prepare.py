@@ -22,6 +22,7 @@ from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import HFGenerateEngine, SamplingParams
+from gspo_cli.run_folder import CHECKPOINTS, COLD_START
 from gspo_cli.train.checkpoint import latest_checkpoint, load_trainer_state, set_rng_state
 from gspo_cli.train.distributed import (
     DistContext,
@@ -34,8 +35,6 @@ from gspo_cli.train.rewards import RewardModel
 from gspo_cli.train.run_log import RunLog, start_wandb
 from gspo_cli.train.sampler import PromptSampler
 from gspo_cli.train.setup import (
-    CHECKPOINTS_DIR,
-    COLD_START_DIR,
     Problems,
     heldout_problems,
     load_problems,
@@ -148,7 +147,7 @@ def _after_cold_start(
     if ctx.is_main:
         run_cold_start(recipe, model, tokenizer, train_set, run_dir, console)
     ctx.barrier()
-    model, _ = load_policy(str(run_dir / COLD_START_DIR), dtype=recipe.model.dtype)
+    model, _ = load_policy(str(run_dir / COLD_START), dtype=recipe.model.dtype)
     return model
 
 
@@ -171,7 +170,7 @@ def _wandb(recipe: Recipe, run_dir: Path) -> Any:
 def _resume(
     run_dir: Path, engine: TrainEngine, sampler: PromptSampler, log: RunLog, ctx: DistContext
 ) -> int:
-    root = run_dir / CHECKPOINTS_DIR
+    root = run_dir / CHECKPOINTS
     if ctx.is_main:
         latest_checkpoint(root)  # removes what a kill during a save left behind
     ctx.barrier()

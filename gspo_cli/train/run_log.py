@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
-from gspo_cli.atomic import write_text_atomic
-
-METRICS, SAMPLES, EVALS = "metrics.jsonl", "samples.jsonl", "eval.jsonl"
+from gspo_cli.run_folder import (
+    EVALS,
+    METRICS,
+    SAMPLES,
+    append_jsonl,
+    read_jsonl,
+    write_text_atomic,
+)
 
 
 def _clean(value: Any) -> Any:
@@ -35,11 +39,7 @@ class RunLog:
     def append(self, name: str, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        line = json.dumps({k: _clean(v) for k, v in record.items()}, allow_nan=False)
-        with open(self.run_dir / name, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_jsonl(self.run_dir / name, {k: _clean(v) for k, v in record.items()})
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         self.append(METRICS, {"step": step, **values})
@@ -53,15 +53,12 @@ class RunLog:
 
     def evaluations(self) -> dict[int, float]:
         """Held-out accuracy by step from eval.jsonl (what a resumed run already measured)."""
-        path = self.run_dir / EVALS
         found: dict[int, float] = {}
-        if path.is_file():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                try:
-                    record = json.loads(line)
-                    found[int(record["step"])] = float(record["accuracy"])
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                    continue
+        for record in read_jsonl(self.run_dir / EVALS):
+            try:
+                found[int(record["step"])] = float(record["accuracy"])
+            except (KeyError, TypeError, ValueError):
+                continue  # a record without a usable accuracy
         return found
 
     def truncate_after(self, step: int) -> None:
@@ -72,14 +69,9 @@ class RunLog:
             path = self.run_dir / name
             if not path.is_file():
                 continue
-            kept = []
-            for line in path.read_text(encoding="utf-8").splitlines():
-                try:
-                    if json.loads(line).get("step", 0) <= step:
-                        kept.append(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut by a kill
-            write_text_atomic(path, "".join(k + "\n" for k in kept))
+            # Torn lines go too; kept records are rewritten exactly as append_jsonl wrote them.
+            kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
+            write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 def start_wandb(run_dir: Path, project: str, mode: str, name: str, config: dict[str, Any]) -> Any:

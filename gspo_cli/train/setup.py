@@ -13,7 +13,6 @@ import yaml
 from rich.console import Console
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from gspo_cli.atomic import write_text_atomic
 from gspo_cli.data import load_rows, render_prompt
 from gspo_cli.data.benchmarks import build_prompt, load_benchmark
 from gspo_cli.data.problems import Problem
@@ -21,15 +20,9 @@ from gspo_cli.errors import GspoError
 from gspo_cli.models import load_policy
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rollout import SamplingParams
+from gspo_cli.run_folder import COLD_START, HF_CONFIG, RECIPE, staging, write_text_atomic
 from gspo_cli.train.heldout import rows_as_problems
 from gspo_cli.train.sft import cold_start
-
-RECIPE_FILE, COLD_START_DIR, CHECKPOINTS_DIR, SUMMARY = (
-    "recipe.yaml",
-    "cold_start",
-    "checkpoints",
-    "summary.json",
-)
 
 
 @dataclass
@@ -121,7 +114,7 @@ def prepare_run_dir(recipe: Recipe, out: Path | None, resume: bool, recipe_yaml:
             f"run folder {run_dir} already exists: pass --resume to continue it, or --out"
         )
     run_dir.mkdir(parents=True, exist_ok=True)
-    saved = run_dir / RECIPE_FILE
+    saved = run_dir / RECIPE
     if resume and saved.is_file():
         changed = _changed_keys(
             yaml.safe_load(saved.read_text(encoding="utf-8")), yaml.safe_load(recipe_yaml)
@@ -141,15 +134,15 @@ def run_cold_start(
     display: Console,
 ) -> PreTrainedModel:
     """Fine-tune on worked solutions once; later runs and resumes load the saved result."""
-    folder = run_dir / COLD_START_DIR
-    if (folder / "config.json").is_file():
+    folder = run_dir / COLD_START
+    if (folder / HF_CONFIG).is_file():
         model, _ = load_policy(str(folder), dtype=recipe.model.dtype)
         return model
     cfg = recipe.cold_start
     display.print(f"cold start: {cfg.steps} SFT steps on worked solutions")
     t0 = time.perf_counter()
     losses = cold_start(model, tokenizer, train.prompts, train.rows, cfg, recipe.trainer.seed)
-    tmp = run_dir / f".{COLD_START_DIR}.tmp"
+    tmp = run_dir / staging(COLD_START)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     tmp.rename(folder)

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from gspo_cli.recipe import load_recipe
-from gspo_cli.train.loop import COLD_START_DIR, run_sft_only
+from gspo_cli.run_folder import COLD_START
+from gspo_cli.train.loop import run_sft_only
 
 # Small enough to train in seconds, easy enough that a short SFT gives mixed rewards.
 TINY_TASK = {
@@ -45,7 +46,7 @@ def sft_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     recipe = load_recipe(recipe_file)
     run_sft_only(recipe, recipe_file.read_text(), out=folder / "run")
-    return folder / "run" / COLD_START_DIR
+    return folder / "run" / COLD_START
 
 
 @pytest.fixture

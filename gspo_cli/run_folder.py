@@ -1,0 +1,130 @@
+"""The run-folder contract: every file name that train, eval and compare share, and how to write
+and read them safely. No other module spells these names.
+
+A training run folder (`gspo train`, `gspo sft`; default `trainer.out_dir/<recipe name>`):
+
+    recipe.yaml        the resolved recipe; `--resume` checks it against the new one
+    metrics.jsonl      one record per RL step: {"step": N, ...}; NaN/inf written as strings
+    samples.jsonl      a few completions per step (`logging.log_samples`)
+    eval.jsonl         held-out accuracy: {"step": N, "accuracy": ...}; step 0 = before RL
+    summary.json       {"steps": N, "heldout_accuracy": {"<step>": ...}}, written at the end
+    cold_start/        the cold-start SFT result, an HF checkpoint (config.json, weights, tokenizer)
+    checkpoints/
+        step_NNNNNN/   HF weights + tokenizer, trainer_state.pt (step, sampler, RNG, world) and
+                       the engine's state (optimizer.pt, or deepspeed/ for DeepSpeed)
+        latest         text file: the name of the newest complete step_NNNNNN folder
+    wandb/             wandb's own files, when `logging.wandb` is on
+
+Folders (cold_start/, step_NNNNNN/) are written under a hidden `.<name>.tmp` staging name and
+renamed into place; files are appended with fsync (JSONL) or replaced atomically (the rest), so a
+kill at any moment leaves the previous state readable. On resume, JSONL records of steps after the
+restored checkpoint are dropped.
+
+An eval output folder (`gspo eval`; default `evals/<benchmark>`; a run folder may hold them as
+`eval/` or `eval/<benchmark>/`, and `gspo compare` reads `results.json` from all three places):
+
+    settings.json      the evaluation settings; `--resume` requires them unchanged
+    samples.jsonl      one record per finished problem (appended, so a rerun skips it)
+    results.json       the metrics with intervals, written at the end
+
+A comparison folder (`gspo compare`; default `comparisons/latest`): summary.json, summary.md and
+one `<metric>.png` per plot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+# Training run folder.
+RECIPE = "recipe.yaml"
+METRICS = "metrics.jsonl"
+SAMPLES = "samples.jsonl"  # also in an eval output folder
+EVALS = "eval.jsonl"
+SUMMARY = "summary.json"  # also in a comparison folder
+COLD_START = "cold_start"
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"  # inside checkpoints/
+TRAINER_STATE = "trainer_state.pt"  # inside checkpoints/step_NNNNNN/
+STEP_GLOB = "step_*"
+HF_CONFIG = "config.json"  # what marks a folder as an HF checkpoint
+
+# Eval output folder.
+SETTINGS = "settings.json"
+RESULTS = "results.json"
+EVAL_DIR = "eval"  # where a run folder keeps its eval outputs
+
+# Comparison folder.
+SUMMARY_MD = "summary.md"
+
+
+def step_folder(step: int) -> str:
+    """`step_NNNNNN`: zero-padded, so that names sort in step order."""
+    return f"step_{step:06d}"
+
+
+def staging(name: str) -> str:
+    """The hidden name a folder is written under before it is renamed to `name`."""
+    return f".{name}.tmp"
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line, flushed and fsynced: a kill loses at most the line being written.
+
+    Strict JSON (no NaN/inf): callers turn non-finite numbers into strings first.
+    """
+    line = json.dumps(record, allow_nan=False)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    """(1-based line number, object) per non-blank line; None for a line that is not a JSON object.
+
+    Such a line is usually the last one, cut by a kill mid-append; callers skip it (and may report
+    it by number). Undecodable bytes are replaced rather than fatal, for the same reason.
+    """
+    text = path.read_text(encoding="utf-8", errors="replace")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            obj = None
+        yield number, obj if isinstance(obj, dict) else None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file in order, skipping torn and blank lines; [] if absent."""
+    if not path.is_file():
+        return []
+    return [obj for _, obj in iter_jsonl(path) if obj is not None]
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same folder, fsync it, then rename it over `path`.
+
+    A kill mid-write leaves the old file (or none), never a truncated one.
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """`write_bytes_atomic` for UTF-8 text."""
+    write_bytes_atomic(path, text.encode("utf-8"))
