@@ -17,6 +17,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gspo_cli.data import render_prompt
 from gspo_cli.data.benchmarks import build_prompt, load_benchmark
@@ -40,6 +41,9 @@ from gspo_cli.run_folder import (
 
 SEQUENCES_PER_BATCH = 64  # problems x samples per generate call: bounds memory on small machines
 
+# Builds the rollout engine from the loaded policy; another backend (or a scripted one) plugs in
+EngineFactory = Callable[[PreTrainedModel, PreTrainedTokenizerBase], RolloutEngine]
+
 
 @dataclass(frozen=True)
 class EvalSettings:
@@ -60,7 +64,12 @@ class EvalSettings:
 
 
 def run_eval(
-    settings: EvalSettings, out: Path, *, resume: bool = False, console: Console
+    settings: EvalSettings,
+    out: Path,
+    *,
+    resume: bool = False,
+    console: Console,
+    engine_factory: EngineFactory = HFGenerateEngine,
 ) -> dict[str, Any]:
     model_path = resolve_checkpoint(settings.checkpoint)  # cheap checks first
     problems = load_benchmark(
@@ -78,7 +87,7 @@ def run_eval(
     done = _prepare_out(out, settings, resume)
     model, tokenizer = load_policy(model_path)
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
-    engine = HFGenerateEngine(model, tokenizer)
+    engine = engine_factory(model, tokenizer)
     params = SamplingParams(
         settings.temperature, settings.top_p, 0, settings.max_new_tokens, settings.samples
     )

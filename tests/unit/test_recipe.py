@@ -22,7 +22,10 @@ def test_every_shipped_recipe_validates(path: Path) -> None:
 
 
 def test_recipes_folder_is_searched_recursively() -> None:
-    assert len(RECIPES) >= 4
+    found = {p.relative_to(REPO / "recipes").as_posix() for p in RECIPES}
+    assert "quickstart.yaml" in found
+    # nested files: a glob that only reads the top folder would miss these
+    assert {"code/codeforces-tiny.yaml", "deepspeed/tiny-cpu-zero2.yaml"} <= found
 
 
 def test_paper_clip_defaults_follow_the_algorithm(tmp_path: Path) -> None:
