@@ -78,8 +78,12 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     Strict JSON (no NaN/inf): callers turn non-finite numbers into strings first.
     """
     line = json.dumps(record, allow_nan=False)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line + "\n")
+    with open(path, "a+b") as f:
+        if f.tell() > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":  # a line a kill cut short: end it, so it stays on its own
+                line = "\n" + line
+        f.write((line + "\n").encode("utf-8"))
         f.flush()
         os.fsync(f.fileno())
 

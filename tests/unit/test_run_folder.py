@@ -102,3 +102,10 @@ def test_layout_names_are_spelled_only_in_run_folder() -> None:
             if isinstance(node, ast.Constant) and node.value in names:
                 found.append(f"{source.relative_to(PACKAGE)}:{node.lineno}: {node.value!r}")
     assert found == [], "use gspo_cli.run_folder's constants instead:\n" + "\n".join(found)
+
+
+def test_an_append_after_a_torn_line_starts_a_new_line(tmp_path: Path) -> None:
+    path = tmp_path / "samples.jsonl"
+    path.write_text('{"id": "a"}\n{"id": "b", "comp')  # a kill mid-append
+    append_jsonl(path, {"id": "b"})
+    assert [r["id"] for r in read_jsonl(path)] == ["a", "b"]
