@@ -15,18 +15,7 @@ import torch.distributed as dist
 
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
-
-# How each metric combines across ranks and micro-batches (default: the plain mean, right for
-# per-sequence metrics because every rank and micro-batch holds as many sequences).
-SUMMED = {"completion_tokens", "zero_adv_groups", "response_tokens"}
-TOKEN_WEIGHTED = {
-    "clip_frac",
-    "clip_frac_low",
-    "clip_frac_high",
-    "token_ratio_mean",
-    "entropy",
-    "kl",
-}
+from gspo_cli.train.metric_rules import combine
 
 
 @dataclass(frozen=True)
@@ -60,20 +49,11 @@ class DistContext:
             return metrics
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, metrics)
-        out: dict[str, float] = {}
-        for key in metrics:
-            values = [float(g[key]) for g in gathered if key in g]
-            if key.endswith("_min"):
-                out[key] = min(values)
-            elif key.endswith("_max") or key.startswith("time_"):
-                out[key] = max(values)  # the slowest rank sets the step time
-            elif key in SUMMED:
-                out[key] = sum(values)
-            elif key in TOKEN_WEIGHTED:
-                weights = [float(g["response_tokens"]) for g in gathered]
-                out[key] = sum(v * w for v, w in zip(values, weights, strict=True)) / sum(weights)
-            else:
-                out[key] = sum(values) / len(values)
+        weights = [float(g["response_tokens"]) for g in gathered]
+        out = {
+            key: combine(key, [float(g[key]) for g in gathered if key in g], weights)
+            for key in metrics
+        }
         out["tokens_per_s"] = out["completion_tokens"] / max(out["time_step_s"], 1e-9)
         return out
 

@@ -14,8 +14,9 @@ from gspo_cli.algorithms.advantages import zero_signal_groups
 from gspo_cli.recipe.schema import AlgorithmConfig
 from gspo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 from gspo_cli.train.batch import TrainBatch, build_train_batch, pad_logprobs
-from gspo_cli.train.distributed import LOCAL, TOKEN_WEIGHTED, DistContext
+from gspo_cli.train.distributed import LOCAL, DistContext
 from gspo_cli.train.engine import LogprobModel, TrainEngine
+from gspo_cli.train.metric_rules import combine
 from gspo_cli.train.rewards import RewardModel
 from gspo_cli.train.routing import routed_experts, routing_volatility
 
@@ -181,15 +182,8 @@ def _summarise(
     lengths = torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32)
     out: dict[str, float] = {}
     tokens = parts.pop("response_tokens")
-    for key, values in parts.items():
-        if key.endswith("_min"):
-            out[key] = min(values)
-        elif key.endswith("_max"):
-            out[key] = max(values)
-        elif key in TOKEN_WEIGHTED:  # so that the split into micro-batches does not matter
-            out[key] = sum(v * t for v, t in zip(values, tokens, strict=True)) / sum(tokens)
-        else:
-            out[key] = sum(values) / len(values)
+    for key, values in parts.items():  # token-weighted keys hold one value per micro-batch
+        out[key] = combine(key, values, tokens)
     out["response_tokens"] = sum(tokens) / max(1, len(parts["grad_norm"]))  # per pass
     out.update(
         reward_mean=float(rewards.mean()),

@@ -1,0 +1,33 @@
+"""How one metric's values combine, across micro-batches of a step and across ranks.
+
+The one place these rules live: the RL step folds micro-batches with them and `DistContext`
+folds ranks with them, so a figure does not depend on how the work was split.
+"""
+
+from __future__ import annotations
+
+# Counts add up.
+SUMMED = frozenset({"completion_tokens", "zero_adv_groups", "response_tokens"})
+# Per-token averages weigh each part by its response tokens.
+TOKEN_WEIGHTED = frozenset(
+    {"clip_frac", "clip_frac_low", "clip_frac_high", "token_ratio_mean", "entropy", "kl"}
+)
+
+
+def combine(key: str, values: list[float], token_weights: list[float]) -> float:
+    """`values` of metric `key` from several parts (each holding `token_weights[i]` tokens).
+
+    min of mins, max of maxes, the slowest part's time, sums of counts, token-weighted means of
+    per-token metrics, and the plain mean otherwise (right for per-sequence metrics because
+    every part holds as many sequences).
+    """
+    if key.endswith("_min"):
+        return min(values)
+    if key.endswith("_max") or key.startswith("time_"):
+        return max(values)
+    if key in SUMMED:
+        return sum(values)
+    if key in TOKEN_WEIGHTED:
+        weighted = sum(v * w for v, w in zip(values, token_weights, strict=True))
+        return weighted / sum(token_weights)
+    return sum(values) / len(values)
