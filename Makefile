@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup test lint fmt bench quickstart clean
+.PHONY: setup test test-fast lint fmt bench quickstart clean
 .PHONY: sandbox-deps
 
 $(BIN)/gspo: pyproject.toml
@@ -36,6 +36,10 @@ fmt: setup
 
 test: setup lint
 	$(BIN)/pytest -q tests
+
+# Everything but the tests marked slow (DeepSpeed, kill/resume, sandbox timeouts): minutes, not ten.
+test-fast: setup
+	$(BIN)/pytest -q -m "not slow" tests
 
 bench: setup
 	$(BIN)/python benchmarks/rl_step_throughput.py

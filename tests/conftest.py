@@ -32,3 +32,25 @@ def run_cli(
         timeout=timeout,
         env={**os.environ, "COLUMNS": "200"},
     )
+
+
+def invoke_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run `gspo ARGS` in this process, through the same entry point and error handling as the
+    console script: a fast stand-in for `run_cli` where no process boundary is under test."""
+    import contextlib
+    import io
+
+    from gspo_cli.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    argv = sys.argv
+    sys.argv = ["gspo", *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = argv
+    return subprocess.CompletedProcess(["gspo", *args], code, out.getvalue(), err.getvalue())

@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from gspo_cli.data import load_rows
 from gspo_cli.recipe import load_recipe
 from gspo_cli.rewards.binding import RewardServices
@@ -27,6 +29,7 @@ def test_the_recipes_reward_scores_code_problems_from_the_training_data(shared: 
     assert rewards == [1.0, 0.0, 0.0] and correct == [1.0, 0.0, 0.0]
 
 
+@pytest.mark.slow
 def test_smoke_code_recipe_runs_one_training_step(shared: Path, tmp_path: Path) -> None:
     """Smoke test of the code pipeline, not of learning: the tiny model cannot write code.
 

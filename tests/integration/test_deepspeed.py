@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, invoke_cli, run_cli
+from tests.integration.conftest import write_recipe
 
 pytest.importorskip("deepspeed")
+pytestmark = pytest.mark.slow
 
 STEPS = 4
 COMPARED = ("loss", "grad_norm", "reward_mean", "seq_ratio_mean", "clip_frac", "response_len_mean")
@@ -30,45 +33,80 @@ def _same(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], steps:
             assert b[step][key] == pytest.approx(a[step][key], rel=1e-4, abs=1e-6), (step, key)
 
 
-@pytest.fixture
-def ds_recipe(tiny_recipe):  # type: ignore[no-untyped-def]
-    return tiny_recipe(
-        trainer={"steps": STEPS, "checkpoint_every": 2},
-        algorithm={"minibatches": 2},
-        rollout={"seed_per_prompt": True},
+@pytest.fixture(scope="module")
+def ds_recipe(sft_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("ds")
+    return write_recipe(
+        folder,
+        {
+            "model": {"path": str(sft_checkpoint)},
+            "trainer": {"steps": STEPS, "checkpoint_every": 2, "out_dir": str(folder / "runs")},
+            "algorithm": {"minibatches": 2},
+            "rollout": {"seed_per_prompt": True},
+        },
     )
 
 
-def _train(recipe: Path, out: Path, *extra: str) -> None:
+def _train(recipe: Path, out: Path, *extra: str) -> Path:
     result = run_cli("train", str(recipe), "--out", str(out), *extra)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return out
 
 
-def test_one_process_reproduces_the_plain_torch_engine(ds_recipe: Path, tmp_path: Path) -> None:
-    _train(ds_recipe, tmp_path / "torch")
-    _train(ds_recipe, tmp_path / "ds", "--set", "trainer.engine=deepspeed")
-    a, b = _metrics(tmp_path / "torch"), _metrics(tmp_path / "ds")
+# Each configuration is trained once per module and shared by the tests that compare with it.
+DEEPSPEED, ZERO2, TWO = (
+    ("--set", "trainer.engine=deepspeed"),
+    ("--set", "deepspeed.zero_stage=2"),
+    (
+        "--nproc",
+        "2",
+    ),
+)
+
+
+@pytest.fixture(scope="module")
+def runs(ds_recipe: Path) -> Path:
+    return ds_recipe.parent / "runs"
+
+
+@pytest.fixture(scope="module")
+def torch_run(ds_recipe: Path, runs: Path) -> Path:
+    return _train(ds_recipe, runs / "torch")
+
+
+@pytest.fixture(scope="module")
+def zero2_one_process(ds_recipe: Path, runs: Path) -> Path:
+    return _train(ds_recipe, runs / "zero2-one", *DEEPSPEED, *ZERO2)
+
+
+@pytest.fixture(scope="module")
+def zero2_two_processes(ds_recipe: Path, runs: Path) -> Path:
+    return _train(ds_recipe, runs / "zero2-two", *DEEPSPEED, *ZERO2, *TWO)
+
+
+def test_one_process_reproduces_the_plain_torch_engine(
+    torch_run: Path, zero2_one_process: Path
+) -> None:
+    a, b = _metrics(torch_run), _metrics(zero2_one_process)
     assert any(a[s]["grad_norm"] > 0 for s in a), "no gradient signal: the test would be vacuous"
     _same(a, b, range(1, STEPS + 1))
 
 
-def test_two_processes_zero2_reproduce_one_process(ds_recipe: Path, tmp_path: Path) -> None:
-    ds = ("--set", "trainer.engine=deepspeed", "--set", "deepspeed.zero_stage=2")
-    _train(ds_recipe, tmp_path / "one", *ds)
-    _train(ds_recipe, tmp_path / "two", *ds, "--nproc", "2")
-    a, b = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
+def test_two_processes_zero2_reproduce_one_process(
+    zero2_one_process: Path, zero2_two_processes: Path
+) -> None:
+    a, b = _metrics(zero2_one_process), _metrics(zero2_two_processes)
     _same(a, b, range(1, STEPS + 1))
-    assert sorted(p.name for p in (tmp_path / "two" / "checkpoints").glob("step_*")) == [
-        "step_000002",
-        "step_000004",
-    ]
-    hf = tmp_path / "two" / "checkpoints" / "step_000004"
+    checkpoints = zero2_two_processes / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("step_*")) == ["step_000002", "step_000004"]
+    hf = checkpoints / "step_000004"
     assert (hf / "config.json").is_file() and (hf / "model.safetensors").is_file()
 
 
-def test_resume_after_kill_with_two_processes(ds_recipe: Path, tmp_path: Path) -> None:
-    ds = ("--set", "trainer.engine=deepspeed", "--nproc", "2")
-    _train(ds_recipe, tmp_path / "straight", *ds)
+def test_resume_after_kill_with_two_processes(
+    ds_recipe: Path, zero2_two_processes: Path, tmp_path: Path
+) -> None:
+    ds = (*DEEPSPEED, *ZERO2, *TWO)
     killed = tmp_path / "killed"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gspo_cli.cli", "train", str(ds_recipe), "--out", str(killed), *ds],
@@ -86,20 +124,23 @@ def test_resume_after_kill_with_two_processes(ds_recipe: Path, tmp_path: Path) -
     stopped_at = int(latest.read_text().strip().removeprefix("step_"))
     assert stopped_at < STEPS, "the run ended before it could be killed"
     _train(ds_recipe, killed, *ds, "--resume")
-    a, b = _metrics(tmp_path / "straight"), _metrics(killed)
+    a, b = _metrics(zero2_two_processes), _metrics(killed)
     assert sorted(b) == list(range(1, STEPS + 1))
     _same(a, b, range(stopped_at + 1, STEPS + 1))
 
 
-def test_resume_at_another_world_size_is_refused_clearly(ds_recipe: Path, tmp_path: Path) -> None:
-    _train(ds_recipe, tmp_path / "run", "--set", "trainer.engine=deepspeed", "--nproc", "2")
+def test_resume_at_another_world_size_is_refused_clearly(
+    ds_recipe: Path, zero2_two_processes: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(zero2_two_processes, run)  # the shared run stays untouched
     result = run_cli(
         "train",
         str(ds_recipe),
         "--out",
-        str(tmp_path / "run"),
-        "--set",
-        "trainer.engine=deepspeed",
+        str(run),
+        *DEEPSPEED,
+        *ZERO2,
         "--set",
         f"trainer.steps={STEPS + 1}",
         "--resume",
@@ -109,7 +150,7 @@ def test_resume_at_another_world_size_is_refused_clearly(ds_recipe: Path, tmp_pa
 
 
 def test_nproc_needs_the_deepspeed_engine(ds_recipe: Path, tmp_path: Path) -> None:
-    result = run_cli("train", str(ds_recipe), "--out", str(tmp_path / "r"), "--nproc", "2")
+    result = invoke_cli("train", str(ds_recipe), "--out", str(tmp_path / "r"), "--nproc", "2")
     assert result.returncode == 2 and "trainer.engine: deepspeed" in result.stderr
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, invoke_cli, run_cli
 
 COMPARED = (
     "loss",
@@ -73,8 +73,9 @@ def test_train_writes_a_complete_run_folder(tiny_recipe, tmp_path: Path) -> None
     AutoTokenizer.from_pretrained(run / "checkpoints" / "step_000002")
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tiny_recipe, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    recipe = tiny_recipe(trainer={"steps": 8, "checkpoint_every": 2})
+    recipe = tiny_recipe(trainer={"steps": 4, "checkpoint_every": 2})
     straight = tmp_path / "straight"
     result = run_cli("train", str(recipe), "--out", str(straight))
     assert result.returncode == 0, result.stderr[-2000:]
@@ -93,16 +94,16 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tiny_recipe, tmp_
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
     stopped_at = int(latest.read_text().strip().removeprefix("step_"))
-    assert stopped_at < 8
+    assert stopped_at < 4
 
     result = run_cli("train", str(recipe), "--out", str(killed), "--resume")
     assert result.returncode == 0, result.stderr[-2000:]
     a, b = _metrics(straight), _metrics(killed)
-    assert sorted(b) == list(range(1, 9))  # no step lost or repeated
+    assert sorted(b) == list(range(1, 5))  # no step lost or repeated
     assert any(a[s]["reward_std"] > 0 for s in a), (
         "rewards carry no signal: the test would be vacuous"
     )
-    for step in range(stopped_at + 1, 9):
+    for step in range(stopped_at + 1, 5):
         for key in COMPARED:
             assert b[step][key] == pytest.approx(a[step][key], rel=1e-5, abs=1e-7), (step, key)
 
@@ -111,7 +112,7 @@ def test_existing_run_folder_needs_resume(tiny_recipe, tmp_path: Path) -> None: 
     out = tmp_path / "run"
     out.mkdir()
     (out / "metrics.jsonl").write_text("{}\n")
-    result = run_cli("train", str(tiny_recipe()), "--out", str(out))
+    result = invoke_cli("train", str(tiny_recipe()), "--out", str(out))
     assert result.returncode == 2
     assert "already exists" in result.stderr and "Traceback" not in result.stderr
 
@@ -119,7 +120,7 @@ def test_existing_run_folder_needs_resume(tiny_recipe, tmp_path: Path) -> None: 
 def test_missing_model_path_exits_2_with_one_line(tmp_path: Path) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model:\n  path: ./no/such/model\n")
-    result = run_cli("train", str(recipe), "--out", str(tmp_path / "run"))
+    result = invoke_cli("train", str(recipe), "--out", str(tmp_path / "run"))
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert "model.path: file not found: " in result.stderr
@@ -153,14 +154,15 @@ def test_unloadable_hub_model_exits_2(tmp_path: Path) -> None:
 def test_corrupted_checkpoint_is_reported(tiny_recipe, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     recipe = tiny_recipe(trainer={"steps": 1, "checkpoint_every": 1})
     out = tmp_path / "run"
-    assert run_cli("train", str(recipe), "--out", str(out)).returncode == 0
+    assert invoke_cli("train", str(recipe), "--out", str(out)).returncode == 0
     (out / "checkpoints" / "step_000001" / "trainer_state.pt").write_bytes(b"garbage")
     bigger = tiny_recipe(trainer={"steps": 1, "checkpoint_every": 1})
-    result = run_cli("train", str(bigger), "--out", str(out), "--resume")
+    result = invoke_cli("train", str(bigger), "--out", str(out), "--resume")
     assert result.returncode == 2
     assert "is corrupted" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_wandb_offline_logging_needs_no_network(tiny_recipe, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     recipe = tiny_recipe(trainer={"steps": 1}, logging={"wandb": True, "wandb_mode": "offline"})
     out = tmp_path / "run"
