@@ -76,10 +76,10 @@ def train(
     ] = None,
 ) -> None:
     """Run RL training (cold start first when the recipe enables it)."""
+    resolved = load_recipe(recipe, set_)  # a bad recipe fails before the heavy imports below
     from gspo_cli.train.launch import launch, under_launcher
     from gspo_cli.train.loop import train as run_training
 
-    resolved = load_recipe(recipe, set_)
     if (nproc > 1 or hostfile) and not under_launcher():
         if resolved.trainer.engine != "deepspeed":
             raise GspoError("--nproc/--hostfile need trainer.engine: deepspeed in the recipe")
@@ -92,9 +92,9 @@ def train(
 @app.command()
 def sft(recipe: RecipeArg, set_: SetOpt = None, out: OutOpt = None) -> None:
     """Only the cold start: fine-tune on worked solutions and save an HF checkpoint."""
+    resolved = load_recipe(recipe, set_)  # a bad recipe fails before the heavy imports below
     from gspo_cli.train.loop import run_sft_only
 
-    resolved = load_recipe(recipe, set_)
     run_sft_only(resolved, dump_recipe_yaml(resolved), out=out, console=console)
 
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -54,3 +56,18 @@ def test_unknown_command_is_a_usage_error() -> None:
 def test_cli_runs_from_any_folder(tmp_path: Path) -> None:
     result = run_cli("validate", str(REPO / "recipes" / "quickstart.yaml"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_bad_recipe_fails_before_torch_is_imported(tmp_path: Path) -> None:
+    """`gspo train` checks the recipe first: a typo costs a fraction of a second, not a torch
+    and transformers import."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rollout:\n  group_sise: 4\n")
+    code = (
+        "import sys\nfrom gspo_cli.cli import main\n"
+        f"sys.argv = ['gspo', 'train', {str(bad)!r}]\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+        "print('torch' in sys.modules, code)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.split() == ["False", "2"], result.stdout + result.stderr
