@@ -58,16 +58,16 @@ def test_cli_runs_from_any_folder(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
 
 
-def test_a_bad_recipe_fails_before_torch_is_imported(tmp_path: Path) -> None:
-    """`gspo train` checks the recipe first: a typo costs a fraction of a second, not a torch
-    and transformers import."""
+def test_a_bad_recipe_fails_before_the_trainer_is_imported(tmp_path: Path) -> None:
+    """`gspo train` checks the recipe first: a typo costs no transformers/trainer import (4.4 s
+    -> 1.5 s here; the algorithm registry the names are checked against needs torch)."""
     bad = tmp_path / "bad.yaml"
     bad.write_text("rollout:\n  group_sise: 4\n")
     code = (
         "import sys\nfrom gspo_cli.cli import main\n"
         f"sys.argv = ['gspo', 'train', {str(bad)!r}]\n"
         "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
-        "print('torch' in sys.modules, code)\n"
+        "print('transformers' in sys.modules, 'gspo_cli.train.loop' in sys.modules, code)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.stdout.split() == ["False", "2"], result.stdout + result.stderr
+    assert result.stdout.split() == ["False", "False", "2"], result.stdout + result.stderr
