@@ -127,6 +127,9 @@ def eval_(
         str | None, typer.Option(help="CodeForces: CodeElo standings cache.")
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    engine: Annotated[
+        str | None, typer.Option(help="Rollout engine: hf or vllm (default: the recipe's, or hf).")
+    ] = None,
     out: Annotated[
         Path | None, typer.Option(help="Output folder (default evals/BENCHMARK).")
     ] = None,
@@ -175,6 +178,7 @@ def eval_(
         seed=merged["seed"],
         verifier_workers=verifier.num_workers,
         verifier_timeout_s=verifier.timeout_s,
+        engine=engine or resolved.rollout.engine,
     )
     try:  # the same range and file checks as a recipe's eval section
         EvalConfig.model_validate({k: merged[k] for k in EvalConfig.model_fields})

@@ -30,6 +30,9 @@ class FixedRolloutEngine:
         self.tokenizer = tokenizer
         self.answers = answers
 
+    def close(self) -> None:
+        """Nothing to free."""
+
     def sync_weights(self) -> None:
         """Nothing to sync: the answers never change."""
 

@@ -7,6 +7,12 @@ from gspo_cli.algorithms.aggregation import (
     aggregate,
     loss_normalizer,
 )
+from gspo_cli.algorithms.correction import (
+    ROLLOUT_CORRECTIONS,
+    Correction,
+    mismatch_metrics,
+    rollout_correction,
+)
 from gspo_cli.algorithms.losses import (
     LOG_RATIO_CLAMP,
     PAPER_CLIP,
@@ -22,10 +28,14 @@ __all__ = [
     "LOSS_AGGREGATIONS",
     "PAPER_CLIP",
     "POLICY_LOSSES",
+    "ROLLOUT_CORRECTIONS",
+    "Correction",
     "aggregate",
     "compute_policy_loss",
     "group_advantages",
     "loss_normalizer",
+    "mismatch_metrics",
+    "rollout_correction",
     "sequence_log_ratio",
     "zero_signal_groups",
 ]

@@ -22,6 +22,7 @@ def compute_policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     group_size: int | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy-gradient loss of `algorithm` and its metrics.
 
@@ -38,6 +39,8 @@ def compute_policy_loss(
         ref_logprobs: `[B, T]` reference-policy log-probs for the optional KL penalty.
         kl_coef: weight of the KL penalty (k3 estimator); 0 disables it.
         group_size: G; when given, the metrics include the share of zero-advantage groups.
+        token_weights: `[B, T]` importance weights (no grad) on each token's policy loss, e.g.
+            a rollout correction; None weighs every token 1.
 
     Returns:
         A 0-dim loss to minimise, and metrics (floats, computed without grad).
@@ -56,6 +59,8 @@ def compute_policy_loss(
     token_adv = token_adv.to(logprobs.dtype).expand_as(logprobs).detach()  # [B, T]
 
     token_loss, ratio = loss_fn(logprobs, old_logprobs, token_adv, mask, clip_low, clip_high)
+    if token_weights is not None:
+        token_loss = token_loss * token_weights.detach().to(token_loss.dtype)  # [B, T]
     kl = None
     if ref_logprobs is not None and kl_coef != 0.0:
         kl = _k3_kl(logprobs, ref_logprobs.detach())  # [B, T]

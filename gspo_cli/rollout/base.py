@@ -1,4 +1,4 @@
-"""The rollout-engine interface: every generation backend (HF now, vLLM later) fits it."""
+"""The rollout-engine interface: every generation backend (HF transformers, vLLM) fits it."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ class SamplingParams:
     top_k: int = 0  # 0 disables top-k
     max_new_tokens: int = 64
     num_samples: int = 1  # responses per prompt (G)
+    logprobs: bool = False  # also return each sampled token's log-prob (costs memory and time)
 
 
 @dataclass
@@ -23,7 +24,9 @@ class RolloutBatch:
 
     prompt_ids: list[list[int]]  # N prompts' token ids (each repeated num_samples times)
     completion_ids: list[list[int]]  # N responses' token ids, EOS included when generated
-    completion_logprobs: list[torch.Tensor]  # N tensors [len_i]: sampling log-probs at temperature
+    # N tensors [len_i]: log pi(y_t) from the raw logits at the sampling temperature (what the
+    # trainer computes; no top-k/top-p renormalisation); None unless `SamplingParams.logprobs`.
+    completion_logprobs: list[torch.Tensor] | None
     texts: list[str]  # N decoded responses, special tokens removed
     truncated: list[bool]  # N: True when max_new_tokens was hit before EOS
 
@@ -44,4 +47,8 @@ class RolloutEngine(Protocol):
 
     def sync_weights(self) -> None:
         """Make the next `generate` use the trainer's latest weights (no-op when shared)."""
+        ...
+
+    def close(self) -> None:
+        """Free what the engine holds (memory, worker threads, temporary folders)."""
         ...

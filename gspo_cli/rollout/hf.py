@@ -1,11 +1,77 @@
-"""Rollouts with HF transformers `generate`: batched, KV-cached, on the training model itself."""
+"""Rollouts with HF transformers `generate`: batched, KV-cached, on the training model itself.
+
+Sampling uses only the recipe's knobs (temperature, top-p, top-k): a checkpoint's
+`generation_config.json` knobs that the trainer's log-probs do not model (repetition_penalty,
+no_repeat_ngram_size...) are set aside while generating, and named once in a warning.
+"""
 
 from __future__ import annotations
 
+import logging
+
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from gspo_cli.rollout.base import RolloutBatch, SamplingParams
+
+log = logging.getLogger(__name__)
+
+# generation_config.json keys that change which tokens are sampled beyond our own knobs.
+UNMODELLED_KNOBS = (
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "encoder_repetition_penalty",
+    "bad_words_ids",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "min_length",
+    "min_new_tokens",
+    "exponential_decay_length_penalty",
+    "sequence_bias",
+    "typical_p",
+    "epsilon_cutoff",
+    "eta_cutoff",
+    "min_p",
+    "top_h",
+)
+
+
+class ChosenTokenLogprobs(LogitsProcessor):
+    """Records log pi(y_t) from the raw logits at the temperature, one step at a time.
+
+    Runs first in the processor list, so it sees the model's logits before any warper. The
+    `[n, V]` log-softmax of step t is kept only until token t is known (the next call, or
+    `finish`), so memory stays at one step's vocabulary row per sequence.
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.pending: torch.Tensor | None = None  # [n, V] log-softmax of the last step
+        self.steps: list[torch.Tensor] = []  # each [n]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self._take(input_ids[:, -1])
+        self.pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # [n, V]
+        return scores
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        if self.pending is not None:
+            self.steps.append(self.pending.gather(-1, tokens[:, None])[:, 0])  # [n]
+            self.pending = None
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """`[n, T]` log-probs of the generated tokens, once generation is over."""
+        self._take(last_tokens)
+        return torch.stack(self.steps, dim=1)
 
 
 class HFGenerateEngine:
@@ -22,16 +88,22 @@ class HFGenerateEngine:
         self.tokenizer = tokenizer
         self.max_batch = max_batch  # sequences per generate call, to bound memory
         self.synced_gpus = synced_gpus  # ZeRO-3: every rank joins every forward
+        self._warned = False
 
     def sync_weights(self) -> None:
         """Nothing to do: generation runs on the training model's own parameters."""
+
+    def close(self) -> None:
+        """Nothing to free: the model belongs to the trainer."""
 
     @torch.no_grad()
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
     ) -> RolloutBatch:
-        batch = RolloutBatch([], [], [], [], [])
+        batch = RolloutBatch([], [], [] if params.logprobs else None, [], [])
         was_training = self.model.training
+        saved_config = self.model.generation_config
+        self.model.generation_config = self._neutral_config(saved_config)
         self.model.eval()
         try:
             if seeds is None:
@@ -44,12 +116,49 @@ class HFGenerateEngine:
                         torch.manual_seed(seed)
                         self._generate_chunk([prompt] * params.num_samples, params, batch)
         finally:
+            self.model.generation_config = saved_config
             self.model.train(was_training)
         return batch
+
+    def _neutral_config(self, saved: GenerationConfig) -> GenerationConfig:
+        """The model's generation config without sampling knobs the trainer does not model."""
+        if not self._warned:
+            self._warned = True
+            defaults = GenerationConfig()
+            ignored = [
+                f"{k}={getattr(saved, k)!r}"
+                for k in UNMODELLED_KNOBS
+                if getattr(saved, k, None) not in (None, getattr(defaults, k, None))
+            ]
+            if ignored:
+                log.warning(
+                    "rollouts ignore the checkpoint's generation_config.json %s: the trainer's "
+                    "log-probs do not model them",
+                    ", ".join(ignored),
+                )
+        return GenerationConfig(
+            bos_token_id=saved.bos_token_id,
+            eos_token_id=saved.eos_token_id,
+            pad_token_id=saved.pad_token_id,
+        )
 
     def _cuda_devices(self) -> list[int]:
         device = next(self.model.parameters()).device
         return [device.index or 0] if device.type == "cuda" else []
+
+    def _processors(
+        self, params: SamplingParams, recorder: ChosenTokenLogprobs | None
+    ) -> LogitsProcessorList:
+        """Our own list, in order: record raw log-probs first, then temperature, top-k, top-p."""
+        processors = LogitsProcessorList([recorder] if recorder is not None else [])
+        if params.temperature > 0:
+            if params.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_k > 0:
+                processors.append(TopKLogitsWarper(params.top_k))
+            if params.top_p < 1.0:
+                processors.append(TopPLogitsWarper(params.top_p))
+        return processors
 
     def _generate_chunk(
         self, prompts: list[list[int]], params: SamplingParams, out: RolloutBatch
@@ -63,32 +172,30 @@ class HFGenerateEngine:
         for i, p in enumerate(prompts):
             input_ids[i, width - len(p) :] = torch.tensor(p)
             attention[i, width - len(p) :] = 1
-        greedy = params.temperature == 0
+        recorder = ChosenTokenLogprobs(params.temperature) if params.logprobs else None
+        # temperature/top-k/top-p are neutral here: our processors apply them, after the recorder.
         generated = self.model.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),
-            do_sample=not greedy,
-            temperature=None if greedy else params.temperature,
-            top_p=None if greedy else params.top_p,
-            top_k=None if greedy or params.top_k == 0 else params.top_k,
+            do_sample=params.temperature > 0,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
             max_new_tokens=params.max_new_tokens,
             eos_token_id=eos_id,
             pad_token_id=pad_id,
-            return_dict_in_generate=True,
-            output_logits=True,
+            logits_processor=self._processors(params, recorder),
             synced_gpus=self.synced_gpus,
         )
-        new_tokens = generated.sequences[:, width:].cpu()  # [n, T]
-        # Raw logits, scaled by the temperature: the log-probs the trainer computes too.
-        logits = torch.stack(generated.logits, dim=1).float().cpu()  # [n, T, V]
-        if not greedy:
-            logits = logits / params.temperature
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1))[..., 0]
+        new_tokens = generated[:, width:]  # [n, T]
+        logprobs = recorder.finish(new_tokens[:, -1]).cpu() if recorder is not None else None
+        new_tokens = new_tokens.cpu()
         for i, p in enumerate(prompts):
             tokens = new_tokens[i].tolist()
             length = tokens.index(eos_id) + 1 if eos_id in tokens else len(tokens)
             out.prompt_ids.append(p)
             out.completion_ids.append(tokens[:length])
-            out.completion_logprobs.append(logprobs[i, :length].clone())
+            if out.completion_logprobs is not None and logprobs is not None:
+                out.completion_logprobs.append(logprobs[i, :length].clone())
             out.texts.append(self.tokenizer.decode(tokens[:length], skip_special_tokens=True))
             out.truncated.append(eos_id not in tokens[:length])

@@ -9,6 +9,7 @@ and losses arrive already normalised (`scale_wrt_gas=False`).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,17 @@ class DeepSpeedEngine:
         )
         if path is None:
             raise GspoError(f"checkpoint {folder}: no DeepSpeed state to resume from")
+
+    def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Collective under ZeRO-3: each parameter is gathered in turn, copied, released."""
+        if self.zero_stage != 3:
+            yield from self.model.state_dict().items()
+            return
+        import deepspeed
+
+        for name, param in self.model.named_parameters():
+            with deepspeed.zero.GatheredParameters([param]):
+                yield name, param.data.detach().clone()
 
     def save_model(self, path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
         """Collective under ZeRO-3 (weights are gathered); rank 0 writes the HF folder."""

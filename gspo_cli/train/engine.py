@@ -6,7 +6,7 @@ Every engine is built the same way, `Engine(model, recipe, ctx)`, and registered
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -55,6 +55,11 @@ class TrainEngine(Protocol):
         ...
 
     def save_model(self, path: Path, tokenizer: PreTrainedTokenizerBase) -> None: ...
+
+    def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The current parameters by HF name, whole on every rank (a rollout engine syncs
+        from them; collective under ZeRO-3)."""
+        ...
 
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -149,6 +154,9 @@ class TorchEngine:
     def save_model(self, path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
         self.model.save_pretrained(path)
         tokenizer.save_pretrained(path)
+
+    def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        yield from self.model.state_dict().items()
 
 
 EngineFactory = Callable[[PreTrainedModel, Recipe, DistContext], TrainEngine]

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.math_verifier import MathVerifierPool
-from gspo_cli.rollout import HFGenerateEngine
+from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.run_folder import CHECKPOINTS, COLD_START, SAMPLES, SUMMARY, write_text_atomic
 from gspo_cli.train.checkpoint import save_checkpoint
 from gspo_cli.train.console import TrainingDisplay

@@ -10,7 +10,17 @@ from __future__ import annotations
 SUMMED = frozenset({"completion_tokens", "zero_adv_groups", "response_tokens"})
 # Per-token averages weigh each part by its response tokens.
 TOKEN_WEIGHTED = frozenset(
-    {"clip_frac", "clip_frac_low", "clip_frac_high", "token_ratio_mean", "entropy", "kl"}
+    {
+        "clip_frac",
+        "clip_frac_low",
+        "clip_frac_high",
+        "token_ratio_mean",
+        "entropy",
+        "kl",
+        "mismatch_token_abs_mean",
+        "correction_masked_token_frac",
+        "correction_weight_mean",
+    }
 )
 
 

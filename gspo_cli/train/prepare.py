@@ -21,7 +21,7 @@ from gspo_cli.models import load_policy
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.math_verifier import MathVerifierPool
-from gspo_cli.rollout import HFGenerateEngine, SamplingParams
+from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
 from gspo_cli.run_folder import CHECKPOINTS, COLD_START
 from gspo_cli.train.checkpoint import latest_checkpoint, load_trainer_state, set_rng_state
 from gspo_cli.train.distributed import (
@@ -57,7 +57,7 @@ class PreparedRun:
     train_set: Problems
     eval_problems: list[Problem]
     engine: TrainEngine
-    rollout_engine: HFGenerateEngine
+    rollout_engine: RolloutEngine
     ref_engine: FrozenPolicy | None
     reward: RewardModel
     math_pool: MathVerifierPool
@@ -69,6 +69,7 @@ class PreparedRun:
     def close(self) -> None:
         self.log.close()
         self.math_pool.close()
+        self.rollout_engine.close()
 
 
 def prepare_run(
@@ -95,8 +96,16 @@ def prepare_run(
     model.train()
     ref_engine = _reference(recipe, model)
     engine = make_engine(model, recipe, ctx)
-    synced = recipe.trainer.engine == "deepspeed" and recipe.deepspeed.zero_stage == 3
-    rollout_engine = HFGenerateEngine(engine.model, tokenizer, synced_gpus=synced and ctx.world > 1)
+    zero3 = recipe.trainer.engine == "deepspeed" and recipe.deepspeed.zero_stage == 3
+    spec = EngineSpec(
+        engine.model,
+        tokenizer,
+        engine.full_weights,
+        seed=recipe.trainer.seed + ctx.rank,
+        synced_gpus=zero3 and ctx.world > 1,
+        options=recipe.rollout.vllm.model_dump(),
+    )
+    rollout_engine = make_rollout_engine(recipe.rollout.engine, spec)
     math_pool = MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s)
     reward = RewardModel(recipe.reward, RewardServices(math_pool=math_pool))
     sampler = PromptSampler(len(train_set.rows), recipe.data.seed + recipe.trainer.seed)
@@ -118,8 +127,17 @@ def prepare_run(
 
 
 def rollout_params(recipe: Recipe) -> SamplingParams:
+    """Sampling for RL steps; engine log-probs only where something reads them (pi_old, the
+    rollout correction, or the mismatch metrics of an engine with its own weights)."""
     r = recipe.rollout
-    return SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, r.group_size)
+    wanted = (
+        r.use_engine_logprobs
+        or recipe.algorithm.rollout_correction != "off"
+        or (r.engine != "hf" and r.top_p == 1 and r.top_k == 0)
+    )
+    return SamplingParams(
+        r.temperature, r.top_p, r.top_k, r.max_new_tokens, r.group_size, logprobs=wanted
+    )
 
 
 def _run_dir(

@@ -9,7 +9,13 @@ from typing import Any
 
 import torch
 
-from gspo_cli.algorithms import compute_policy_loss, group_advantages, loss_normalizer
+from gspo_cli.algorithms import (
+    compute_policy_loss,
+    group_advantages,
+    loss_normalizer,
+    mismatch_metrics,
+    rollout_correction,
+)
 from gspo_cli.algorithms.advantages import zero_signal_groups
 from gspo_cli.recipe.schema import AlgorithmConfig
 from gspo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
@@ -48,6 +54,59 @@ def _forward_no_grad(
             lp, _ = engine.logprobs(sub, temperature)
             out[index, : lp.shape[1]] = lp.float().cpu()
     return out
+
+
+def _pi_old(
+    engine: LogprobModel,
+    rollout: RolloutBatch,
+    batch: TrainBatch,
+    micro: int,
+    temperature: float,
+    settings: StepSettings,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, dict[str, float]]:
+    """(pi_old `[N, T]`, token weights `[N, T]` or None, loss mask `[N, T]`, metrics).
+
+    pi_old is the engine's log-probs (`use_engine_logprobs`) or the trainer's recompute. When
+    both exist, the engine-vs-trainer mismatch is measured and the rollout correction applied.
+    """
+    algo, mask = settings.algorithm, batch.response_mask
+    engine_lp = (
+        None
+        if rollout.completion_logprobs is None
+        else pad_logprobs(rollout.completion_logprobs, mask.shape[1])  # [N, T]
+    )
+    if settings.use_engine_logprobs:
+        if engine_lp is None:
+            raise ValueError("use_engine_logprobs needs the rollout engine's log-probs")
+        return engine_lp, None, mask, {}
+    old_lp = _forward_no_grad(engine, batch, micro, temperature)  # [N, T]
+    if engine_lp is None:
+        return old_lp, None, mask, {}
+    clip = (float(algo.clip_low or 0), float(algo.clip_high or 0))
+    metrics = mismatch_metrics(old_lp, engine_lp, mask, *clip)
+    if algo.rollout_correction == "off":
+        return old_lp, None, mask, metrics
+    weights, keep = rollout_correction(
+        algo.rollout_correction, old_lp, engine_lp, mask, algo.correction_cap
+    )
+    kept = keep.sum().clamp(min=1)
+    metrics["correction_masked_token_frac"] = float(1 - keep.sum() / mask.sum().clamp(min=1))
+    metrics["correction_weight_mean"] = float((weights * keep).sum() / kept)
+    return old_lp, weights, keep, metrics
+
+
+def _mismatch(
+    parts: dict[str, list[float]],
+    logprobs: torch.Tensor,
+    engine_lp: torch.Tensor,
+    mask: torch.Tensor,
+    algo: AlgorithmConfig,
+) -> None:
+    """Engine-vs-trainer mismatch from a forward taken before any update of this step."""
+    clip = (float(algo.clip_low or 0), float(algo.clip_high or 0))
+    metrics = mismatch_metrics(logprobs.detach(), engine_lp.to(logprobs.device), mask, *clip)
+    for key, value in metrics.items():
+        parts[key].append(value)
 
 
 def minibatch_split(
@@ -107,23 +166,27 @@ def rl_step(
     if ctx.world > 1 and g % algo.minibatches:
         raise ValueError("with several processes, algorithm.minibatches must divide group_size")
     temperature = params.temperature
-    if settings.use_engine_logprobs:
-        old_lp = pad_logprobs(rollout.completion_logprobs, batch.response_mask.shape[1])
-    else:
-        old_lp = _forward_no_grad(engine, batch, micro, temperature)  # [N, T]
+    old_lp, weights, loss_mask, correction_metrics = _pi_old(
+        engine, rollout, batch, micro, temperature, settings
+    )
     ref_lp = _forward_no_grad(ref_engine, batch, micro, temperature) if ref_engine else None
 
     probe = batch.select(torch.arange(min(n, micro))).trimmed()  # routing before the updates
     routing_before = routed_experts(engine.model, probe)
     parts: dict[str, list[float]] = defaultdict(list)
-    for minibatch in minibatch_split(len(prompts), g, algo.minibatches, step_seed, group_offset):
-        norm = ctx.all_reduce_sum(loss_normalizer(batch.response_mask[minibatch], algo.loss_agg))
+    for key, value in correction_metrics.items():
+        parts[key].append(value)
+    splits = minibatch_split(len(prompts), g, algo.minibatches, step_seed, group_offset)
+    for number, minibatch in enumerate(splits):
+        norm = ctx.all_reduce_sum(loss_normalizer(loss_mask[minibatch], algo.loss_agg))
         minibatch_loss = 0.0
         for index in minibatch.split(micro):
             sub = batch.select(index).trimmed()
             width = sub.response_mask.shape[1]
             logprobs, entropy = engine.logprobs(sub, temperature)
-            mask = sub.response_mask.to(logprobs.device)
+            mask = loss_mask[index, :width].to(logprobs.device)
+            if number == 0 and settings.use_engine_logprobs:  # nothing updated yet: pi = pi_old
+                _mismatch(parts, logprobs, old_lp[index, :width], mask, algo)
             loss, metrics = compute_policy_loss(
                 logprobs,
                 old_lp[index, :width].to(logprobs.device),
@@ -136,10 +199,11 @@ def rl_step(
                 normalizer=norm,
                 ref_logprobs=None if ref_lp is None else ref_lp[index, :width].to(logprobs.device),
                 kl_coef=algo.kl_coef,
+                token_weights=None if weights is None else weights[index, :width].to(mask.device),
             )
             engine.backward(loss)
             minibatch_loss += ctx.all_reduce_sum(float(loss.detach()))  # global normaliser
-            parts["entropy"].append(float((entropy * mask).sum() / mask.sum()))
+            parts["entropy"].append(float((entropy * mask).sum() / mask.sum().clamp(min=1)))
             parts["response_tokens"].append(float(mask.sum()))
             for key, value in metrics.items():
                 parts[key].append(value)

@@ -25,7 +25,7 @@ from gspo_cli.errors import GspoError
 from gspo_cli.eval.metrics import pass_at_k
 from gspo_cli.eval.runner import EngineFactory, EvalSettings, run_eval
 from gspo_cli.eval.summary import codeforces_elo
-from gspo_cli.rollout import HFGenerateEngine
+from gspo_cli.rollout.hf import HFGenerateEngine
 from tests.conftest import REPO, run_cli
 from tests.fixed_engine import fixed_engine
 from tests.integration.test_code_judging import BAD, GOOD, SMALLEST_SHUFFLE, TSHIRTS, fenced

@@ -10,7 +10,8 @@ import torch
 
 from gspo_cli.models import create_builtin
 from gspo_cli.recipe import Recipe
-from gspo_cli.rollout import HFGenerateEngine, RolloutBatch, SamplingParams
+from gspo_cli.rollout import RolloutBatch, SamplingParams
+from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.distributed import LOCAL
 from gspo_cli.train.engine import TorchEngine
 from gspo_cli.train.step import StepSettings, rl_step
