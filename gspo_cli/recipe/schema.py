@@ -128,8 +128,12 @@ class VLLMConfig(Section):
         None,
         gt=0,
         le=1,
-        description="vLLM's gpu_memory_utilization (on CPU: share of host memory for the KV "
-        "cache); None = 0.5 on CUDA (colocated with training), 0.1 on CPU.",
+        description="CUDA: vLLM's gpu_memory_utilization; None = 0.5 (colocated with training).",
+    )
+    kv_cache_gb: float | None = Field(
+        None,
+        gt=0,
+        description="A fixed KV-cache size in GiB; None = 0.5 on CPU, memory_utilization on CUDA.",
     )
     max_model_len: int | None = Field(
         None, ge=16, description="Longest prompt + response the engine serves; None = the model's."

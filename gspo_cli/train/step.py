@@ -246,8 +246,10 @@ def _summarise(
     lengths = torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32)
     out: dict[str, float] = {}
     tokens = parts.pop("response_tokens")
-    for key, values in parts.items():  # token-weighted keys hold one value per micro-batch
-        out[key] = combine(key, values, tokens)
+    for key, values in parts.items():
+        # Per-micro-batch values weigh by their tokens; a whole-batch value stands alone.
+        weights = tokens if len(values) == len(tokens) else [1.0] * len(values)
+        out[key] = combine(key, values, weights)
     out["response_tokens"] = sum(tokens) / max(1, len(parts["grad_norm"]))  # per pass
     out.update(
         reward_mean=float(rewards.mean()),
