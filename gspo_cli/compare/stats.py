@@ -26,6 +26,9 @@ MEANS = (
     "entropy",
     "tokens_per_s",
     "expert_volatility",
+    "mismatch_token_abs_mean",
+    "mismatch_outside_clip_frac",
+    "correction_masked_token_frac",
 )
 HEADLINE = (
     "final_reward",

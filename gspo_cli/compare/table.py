@@ -134,6 +134,21 @@ def row_specs(cmp: Comparison) -> list[RowSpec]:
         RowSpec("entropy mean (first → last)", "entropy", _entropy),
         RowSpec("expert volatility", "expert_volatility", _fmt("{:.2%}", "expert_volatility_mean")),
         RowSpec(
+            "engine mismatch |Δ log p|",
+            "mismatch_token_abs_mean",
+            _fmt("{:.2e}", "mismatch_token_abs_mean_mean"),
+        ),
+        RowSpec(
+            "engine ratio outside clip",
+            "mismatch_outside_clip_frac",
+            _fmt("{:.1%}", "mismatch_outside_clip_frac_mean"),
+        ),
+        RowSpec(
+            "correction masked tokens",
+            "correction_masked_token_frac",
+            _fmt("{:.1%}", "correction_masked_token_frac_mean"),
+        ),
+        RowSpec(
             "throughput",
             "tokens_per_s",
             _fmt("{:,.0f} tok/s", "tokens_per_s_mean"),

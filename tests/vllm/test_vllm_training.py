@@ -1,0 +1,38 @@
+"""A short quickstart with `rollout.engine: vllm` learns (held-out accuracy rises)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from tests.conftest import REPO, invoke_cli  # noqa: E402
+
+
+def test_a_short_quickstart_with_vllm_rollouts_learns(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = invoke_cli(
+        "train",
+        str(REPO / "recipes" / "quickstart.yaml"),
+        "--out",
+        str(out),
+        "--set",
+        "rollout.engine=vllm",
+        "--set",
+        "trainer.steps=30",
+        "--set",
+        "eval.every=30",
+        "--set",
+        "eval.num_problems=100",
+        "--set",
+        "logging.console=plain",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    heldout = json.loads((out / "summary.json").read_text())["heldout_accuracy"]
+    before, after = heldout["0"], heldout["30"]
+    assert after >= before + 0.05, heldout  # measured here: 27.0% -> 44.5%
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["mismatch_token_abs_mean"] < 1e-4  # fp32 engine and trainer agree
