@@ -115,3 +115,18 @@ def test_corrections_report_their_effect(correction: str) -> None:
     metrics = _step(False, correction)
     assert metrics["correction_masked_token_frac"] == 0.0  # no mismatch: nothing masked
     assert metrics["correction_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_a_hung_engine_call_ends_the_run_with_one_line_and_exit_2() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import time\nfrom gspo_cli.rollout.vllm import deadline\n"
+        "with deadline(0.5, 'generate'):\n    time.sleep(30)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "vLLM generate did not finish within" in result.stderr

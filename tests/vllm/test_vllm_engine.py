@@ -92,3 +92,12 @@ def test_moe_sync_rebuilds_and_is_exact() -> None:
         assert _gap(model, tokenizer, rollout, 1.0) < 1e-5
     finally:
         engine.close()
+
+
+def test_an_engine_that_cannot_start_is_one_clear_error() -> None:
+    from gspo_cli.errors import GspoError
+
+    model, tokenizer = load_policy("builtin:tiny-dense", seed=0)
+    with pytest.raises(GspoError, match="vllm cannot start on this model") as info:
+        _engine(model, tokenizer, kv_cache_gb=100_000)  # more memory than the machine has
+    assert "\n" not in str(info.value)
