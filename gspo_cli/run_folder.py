@@ -45,6 +45,7 @@ RECIPE = "recipe.yaml"
 METRICS = "metrics.jsonl"
 SAMPLES = "samples.jsonl"  # also in an eval output folder
 EVALS = "eval.jsonl"
+EVENTS = "events.jsonl"  # guard events (non-finite stop, collapse warn/stop/rollback); never cut
 SUMMARY = "summary.json"  # also in a comparison folder
 COLD_START = "cold_start"
 CHECKPOINTS = "checkpoints"

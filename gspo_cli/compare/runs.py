@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.text import Text
 
 from gspo_cli.compare.results import EvalResult, read_results
-from gspo_cli.run_folder import EVALS, METRICS, RECIPE, SUMMARY, iter_jsonl
+from gspo_cli.run_folder import EVALS, EVENTS, METRICS, RECIPE, SUMMARY, iter_jsonl
 
 
 class Problems:
@@ -53,6 +53,7 @@ class Run:
     records: list[dict[str, float]]
     heldout: list[tuple[int, float]] = field(default_factory=list)
     results: list[EvalResult] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)  # what the trainer's guards did
 
     def setting(self, dotted: str) -> Any:
         """A recipe value such as `algorithm.name`, or None when the recipe lacks it."""
@@ -201,7 +202,9 @@ def load_run(path: Path, problems: Problems) -> Run | None:
         return None
     recipe = _read_recipe(path, problems)
     heldout = _read_heldout(path, records, problems)
-    return Run(path, path.name, recipe, records, heldout, read_results(path, problems.warning))
+    events = [e for _, e in iter_jsonl(path / EVENTS) if e] if (path / EVENTS).is_file() else []
+    results = read_results(path, problems.warning)
+    return Run(path, path.name, recipe, records, heldout, results, events)
 
 
 def load_runs(

@@ -11,6 +11,9 @@ the display):
   smoothed curve lags a sudden drop), else the step the smoothed curve crossed it.
 - entropy collapse: the first step whose entropy is below ENTROPY_FLOOR_FRACTION of the initial
   entropy (the mean of the first ENTROPY_BASELINE_POINTS finite values).
+- the trainer's own collapse detector (`gspo_cli.collapse`), replayed over the records: entropy
+  explosion or collapse, reward crash, ratio blow-up, held-out drop; and every event the
+  trainer's guards recorded in events.jsonl (skipped non-finite updates, rollbacks, stops).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gspo_cli.collapse import replay
 from gspo_cli.compare.runs import Run
 from gspo_cli.compare.series import metric_series, smooth
 
@@ -120,10 +124,25 @@ def entropy_collapse(run: Run) -> Issue | None:
     return Issue("entropy_collapse", step, detail)
 
 
+def detector_issues(run: Run) -> list[Issue]:
+    """The trainer's collapse detector replayed, plus the events the trainer recorded."""
+    found = [Issue(e.signal, e.step, f"{e.signal.replace('_', ' ')} at step {e.step} ({e.detail})")
+             for e in replay(run.records, dict(run.heldout))]  # fmt: skip
+    for event in run.events:
+        step = int(event.get("step", 0))
+        action = str(event.get("action", "event"))
+        found.append(Issue(action, step, f"{action} at step {step} ({event.get('detail', '')})"))
+    return found
+
+
 def assess(run: Run) -> list[Issue]:
-    """Every instability found in the run, by step."""
+    """Every instability found in the run, by step (one issue per kind: its first step)."""
     found = [check(run) for check in (first_non_finite, reward_collapse, entropy_collapse)]
-    return sorted((i for i in found if i is not None), key=lambda i: i.step)
+    issues = [i for i in found if i is not None] + detector_issues(run)
+    first: dict[str, Issue] = {}
+    for issue in sorted(issues, key=lambda i: i.step):
+        first.setdefault(issue.kind, issue)
+    return sorted(first.values(), key=lambda i: i.step)
 
 
 def verdict_text(issues: list[Issue]) -> str:

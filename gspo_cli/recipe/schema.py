@@ -299,6 +299,18 @@ class TrainerConfig(Section):
     checkpoint_every: int = Field(50, ge=1, description="Save a checkpoint every N steps.")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept (oldest removed).")
     log_samples: int = Field(2, ge=0, description="Completions written to samples.jsonl per step.")
+    max_bad_updates: int = Field(
+        3, ge=1, description="Non-finite (skipped) updates in a row before the run stops."
+    )
+    on_collapse: Literal["warn", "stop", "rollback"] = Field(
+        "stop",
+        description="On a collapse signal (entropy, reward, ratio, held-out; see README): warn, "
+        "stop, or roll back to the last good checkpoint.",
+    )
+    rollback_lr_factor: float = Field(
+        0.5, gt=0, le=1, description="Learning-rate multiplier applied at each rollback."
+    )
+    max_rollbacks: int = Field(2, ge=0, description="Rollbacks before a collapse stops the run.")
 
 
 class DeepSpeedConfig(Section):

@@ -63,6 +63,12 @@ def save_checkpoint(
 
     Every rank calls this (DeepSpeed saves are collective); rank 0 writes the shared files.
     """
+    if not engine.weights_finite():  # never let a broken state become `latest`
+        good = latest_checkpoint(root, cleanup=False)
+        raise GspoError(
+            f"step {step}: the weights are not finite, so no checkpoint is written; the last "
+            f"good one is {good or 'none (start over)'}"
+        )
     final = root / step_folder(step)
     tmp = root / staging(final.name)
     if ctx.is_main:
@@ -106,3 +112,23 @@ def load_trainer_state(folder: Path) -> dict[str, Any]:
     except Exception as exc:  # pickle/zip errors of many kinds all mean a corrupted file
         raise GspoError(f"checkpoint {folder / TRAINER_STATE} is corrupted: {exc}") from None
     return state
+
+
+def checkpoint_at_or_before(root: Path, step: int) -> Path | None:
+    """The newest complete checkpoint folder of a step <= `step`, or None."""
+    found = []
+    for folder in root.glob(STEP_GLOB):
+        number = folder.name.removeprefix("step_")
+        if number.isdigit() and int(number) <= step and (folder / TRAINER_STATE).is_file():
+            found.append((int(number), folder))
+    return max(found)[1] if found else None
+
+
+def roll_back_to(root: Path, folder: Path, ctx: DistContext = LOCAL) -> None:
+    """Make `folder` the latest checkpoint again: newer ones hold the abandoned trajectory."""
+    if ctx.is_main:
+        write_text_atomic(root / LATEST, folder.name)
+        for newer in root.glob(STEP_GLOB):
+            if newer.name > folder.name:
+                shutil.rmtree(newer, ignore_errors=True)
+    ctx.barrier()

@@ -9,6 +9,7 @@ and losses arrive already normalised (`scale_wrt_gas=False`).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -111,17 +112,39 @@ class DeepSpeedEngine:
     def logprobs(self, batch: TrainBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         return response_logprobs(self.ds, batch.to(self.ds.device), temperature)
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor | None) -> None:
         # DeepSpeed averages gradients over ranks; the loss is normalised by global counts, so
-        # multiplying by the world size turns that average into the global sum.
-        self.ds.backward(loss * self.ctx.world, scale_wrt_gas=False)
+        # multiplying by the world size turns that average into the global sum. A non-finite
+        # micro-batch (None) adds no gradient, but DeepSpeed still counts it towards the
+        # accumulation boundary.
+        if loss is not None:
+            self.ds.backward(loss * self.ctx.world, scale_wrt_gas=False)
         self.ds.step()  # applies the optimiser only on the accumulation boundary
 
-    def step(self) -> float:
+    def step(self, skip: bool = False) -> tuple[float, bool]:
+        """DeepSpeed has already stepped at the boundary (inside `backward`): a skipped
+        micro-batch was left out of it. A non-finite gradient that reached the optimizer
+        cannot be taken back, so it stops the run (the plain engine skips it instead)."""
         if not self.ds.was_step_applied():
             raise RuntimeError("DeepSpeed did not step at the minibatch boundary")
         norm = self.ds.get_global_grad_norm()
-        return float(norm) if norm is not None else float("nan")
+        grad_norm = float(norm) if norm is not None else float("nan")
+        if not math.isfinite(grad_norm):
+            raise GspoError(
+                "DeepSpeed applied an update with a non-finite gradient norm; resume from the "
+                "last checkpoint with a lower optimizer.lr"
+            )
+        return grad_norm, True
+
+    def weights_finite(self) -> bool:
+        local = all(bool(torch.isfinite(p.data).all()) for p in self.model.parameters())
+        return self.ctx.all_reduce_sum(0.0 if local else 1.0) == 0.0
+
+    def scale_lr(self, factor: float) -> None:
+        scheduler = self.scheduler
+        scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
+        for group in self.optimizer.param_groups:
+            group["lr"] *= factor
 
     @property
     def lr(self) -> float:

@@ -6,6 +6,7 @@ Every engine is built the same way, `Engine(model, recipe, ctx)`, and registered
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
@@ -37,10 +38,23 @@ class TrainEngine(Protocol):
         """`[n, T]` response log-probs (with grad) and entropy (no grad)."""
         ...
 
-    def backward(self, loss: torch.Tensor) -> None: ...
+    def backward(self, loss: torch.Tensor | None) -> None:
+        """Accumulate the gradient of `loss`; None: this micro-batch is left out (non-finite)."""
+        ...
 
-    def step(self) -> float:
-        """Clip gradients, take one optimiser and scheduler step; return the grad norm."""
+    def step(self, skip: bool = False) -> tuple[float, bool]:
+        """Clip gradients and take one optimiser and scheduler step: (grad norm, applied).
+
+        Nothing is applied when `skip` is set or the norm is not finite: the parameters and
+        the optimizer state stay as they were (the non-finite guard)."""
+        ...
+
+    def weights_finite(self) -> bool:
+        """Whether every parameter is finite (collective for multi-process engines)."""
+        ...
+
+    def scale_lr(self, factor: float) -> None:
+        """Multiply the learning rate, now and for the rest of the schedule (rollback)."""
         ...
 
     @property
@@ -123,16 +137,27 @@ class TorchEngine:
             self.model, batch.to(next(self.model.parameters()).device), temperature
         )
 
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+    def backward(self, loss: torch.Tensor | None) -> None:
+        if loss is not None:
+            loss.backward()
 
-    def step(self) -> float:
+    def step(self, skip: bool = False) -> tuple[float, bool]:
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
+        applied = not skip and math.isfinite(grad_norm)
+        if applied:
+            self.optimizer.step()
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(grad_norm)
+        return grad_norm, applied
+
+    def weights_finite(self) -> bool:
+        return all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+
+    def scale_lr(self, factor: float) -> None:
+        self.scheduler.base_lrs = [lr * factor for lr in self.scheduler.base_lrs]
+        for group in self.optimizer.param_groups:
+            group["lr"] *= factor
 
     @property
     def lr(self) -> float:

@@ -17,12 +17,20 @@ from typing import Any
 
 from rich.console import Console
 
+from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.run_folder import CHECKPOINTS, COLD_START, SAMPLES, SUMMARY, write_text_atomic
-from gspo_cli.train.checkpoint import save_checkpoint
+from gspo_cli.train.checkpoint import (
+    checkpoint_at_or_before,
+    load_trainer_state,
+    roll_back_to,
+    save_checkpoint,
+    set_rng_state,
+)
 from gspo_cli.train.console import TrainingDisplay
+from gspo_cli.train.guard import Decision, Guard, rollback_target
 from gspo_cli.train.heldout import heldout_accuracy
 from gspo_cli.train.prepare import PreparedRun, prepare_run
 from gspo_cli.train.run_log import RunLog
@@ -78,58 +86,127 @@ def _evaluate(run: PreparedRun, step: int) -> float:
 
 
 def run_loop(run: PreparedRun) -> TrainResult:
-    """RL steps `run.start + 1 .. trainer.steps`, with held-out evals and checkpoints."""
+    """RL steps `run.start + 1 .. trainer.steps`, with held-out evals, checkpoints and guards."""
     recipe, ctx = run.recipe, run.ctx
     result = TrainResult(run.run_dir, run.start, run.log.evaluations())
     if run.start == 0:
         result.heldout[0] = _evaluate(run, 0)
         run.console.print(f"held-out accuracy before RL: {result.heldout[0]:.1%}", highlight=False)
-    q_local = recipe.rollout.num_prompts // ctx.world
-    per_prompt_seeds = recipe.rollout.seed_per_prompt or ctx.world > 1
-    steps = recipe.trainer.steps
+    trainer = recipe.trainer
+    guard = Guard(trainer.max_bad_updates, trainer.on_collapse, trainer.max_rollbacks)
+    if 0 in result.heldout:
+        guard.detector.observe_heldout(0, result.heldout[0])
+    steps, step = trainer.steps, run.start
+    if trainer.on_collapse == "rollback" and step == 0:  # something to roll back to from step 1
+        _save(run, 0)
     with TrainingDisplay(run.console, steps, run.start, recipe.logging.console) as display:
-        for step in range(run.start + 1, steps + 1):
-            step_seed = recipe.trainer.seed * 1_000_003 + step
-            index = run.sampler.next(recipe.rollout.num_prompts)  # the same on every rank
-            mine = range(ctx.rank * q_local, (ctx.rank + 1) * q_local)
-            output = rl_step(
-                run.engine,
-                run.rollout_engine,
-                run.reward,
-                [run.train_set.prompts[index[i]] for i in mine],
-                [run.train_set.rows[index[i]] for i in mine],
-                run.settings,
-                step_seed,
-                run.ref_engine,
-                seeds=[step_seed * 7919 + i for i in mine] if per_prompt_seeds else None,
-                ctx=ctx,
-                group_offset=mine.start,
-            )
-            metrics = {**output.metrics, "peak_memory_mb": peak_memory_mb(run.device)}
+        while step < steps:
+            step += 1
+            output, metrics = _one_step(run, step, guard.rollbacks)
             if step % recipe.eval.every == 0 or step == steps:
                 result.heldout[step] = metrics["heldout_accuracy"] = _evaluate(run, step)
+            for line in guard.notices(step, metrics):
+                display.note(line)
+            decision = guard.after_step(step, metrics, recipe.algorithm.minibatches)
             run.log.metrics(step, metrics)
             g = recipe.rollout.group_size
+            mine = ctx.rank * (recipe.rollout.num_prompts // ctx.world)
             _log_samples(
-                run.log, step, output, recipe.trainer.log_samples, g, index[mine.start :],
-                run.train_set,
-            )  # fmt: skip
+                run.log, step, output, trainer.log_samples, g, output.index[mine:], run.train_set
+            )
             display.step(step, metrics)
-            if step % recipe.trainer.checkpoint_every == 0 or step == steps:
-                state = {"sampler": run.sampler.state_dict(), "world": ctx.world}
-                save_checkpoint(
-                    run.run_dir / CHECKPOINTS,
-                    step,
-                    run.engine,
-                    run.tokenizer,
-                    state,
-                    recipe.trainer.keep_checkpoints,
-                    ctx,
-                )
+            if decision.action != "go":
+                step = _act(run, step, decision, result, display)
+                if decision.action == "rollback":
+                    guard.restarted()
+                    continue
+            if step % trainer.checkpoint_every == 0 or step == steps:
+                _save(run, step)
             result.steps_done = step
     if ctx.is_main:
-        _finish(run.console, run.run_dir, result)
+        _finish(run.console, run.run_dir, result, run.log.events())
     return result
+
+
+def _save(run: PreparedRun, step: int) -> None:
+    state = {"sampler": run.sampler.state_dict(), "world": run.ctx.world}
+    keep = run.recipe.trainer.keep_checkpoints
+    save_checkpoint(
+        run.run_dir / CHECKPOINTS, step, run.engine, run.tokenizer, state, keep, run.ctx
+    )
+
+
+def _one_step(run: PreparedRun, step: int, rollbacks: int) -> tuple[Any, dict[str, float]]:
+    """One RL step on this rank's share of the prompts. After a rollback the sampling seeds
+    are fresh (`rollbacks` enters them), so the retried steps draw other samples."""
+    recipe, ctx = run.recipe, run.ctx
+    step_seed = recipe.trainer.seed * 1_000_003 + step + 7_919_111 * rollbacks
+    q_local = recipe.rollout.num_prompts // ctx.world
+    index = run.sampler.next(recipe.rollout.num_prompts)  # the same on every rank
+    mine = range(ctx.rank * q_local, (ctx.rank + 1) * q_local)
+    per_prompt_seeds = recipe.rollout.seed_per_prompt or ctx.world > 1
+    output = rl_step(
+        run.engine,
+        run.rollout_engine,
+        run.reward,
+        [run.train_set.prompts[index[i]] for i in mine],
+        [run.train_set.rows[index[i]] for i in mine],
+        run.settings,
+        step_seed,
+        run.ref_engine,
+        seeds=[step_seed * 7919 + i for i in mine] if per_prompt_seeds else None,
+        ctx=ctx,
+        group_offset=mine.start,
+    )
+    output.index = index
+    return output, {**output.metrics, "peak_memory_mb": peak_memory_mb(run.device)}
+
+
+def _act(run: PreparedRun, step: int, decision: Decision, result: TrainResult, display: Any) -> int:
+    """Record and carry out a guard decision; the step to continue from (rollback) or `step`."""
+    action = decision.action
+    for event in decision.events:
+        run.log.event(
+            {"step": step, "signal": event.signal, "action": action, "detail": event.detail}
+        )
+    root = run.run_dir / CHECKPOINTS
+    if action == "warn":
+        display.note(f"warning: step {step}: {decision.reason} (trainer.on_collapse: warn)")
+        return step
+    if action == "rollback":
+        folder = checkpoint_at_or_before(root, rollback_target(step))
+        if folder is not None:
+            restored = _restore(run, folder, result)
+            display.note(
+                f"step {step}: {decision.reason}; rolled back to {folder.name}, learning rate x"
+                f"{run.recipe.trainer.rollback_lr_factor:g}, fresh sampling seeds"
+            )
+            return restored
+        decision = Decision("stop", decision.events, f"{decision.reason}; no checkpoint to roll "
+                            f"back to (lower trainer.checkpoint_every)")  # fmt: skip
+    good = checkpoint_at_or_before(root, rollback_target(step))  # before the trouble began
+    if run.ctx.is_main:
+        _finish(run.console, run.run_dir, result, run.log.events(), quiet=True)
+    raise GspoError(
+        f"stopped at step {step}: {decision.reason}. Last good checkpoint: "
+        f"{good or 'none'} (resume from it with --resume, e.g. with a lower optimizer.lr)"
+    )
+
+
+def _restore(run: PreparedRun, folder: Path, result: TrainResult) -> int:
+    """Load checkpoint `folder` into the running job and forget the steps after it."""
+    state = load_trainer_state(folder)
+    run.engine.load_state(folder)
+    run.engine.scale_lr(run.recipe.trainer.rollback_lr_factor)
+    run.sampler.load_state_dict(state["sampler"])
+    set_rng_state(state["rng"])
+    restored = int(state["step"])
+    run.log.truncate_after(restored)
+    roll_back_to(run.run_dir / CHECKPOINTS, folder, run.ctx)
+    for later in [s for s in result.heldout if s > restored]:
+        del result.heldout[later]
+    result.steps_done = restored
+    return restored
 
 
 def _log_samples(
@@ -149,12 +226,21 @@ def _log_samples(
         )
 
 
-def _finish(console: Console, run_dir: Path, result: TrainResult) -> None:
+def _finish(
+    console: Console,
+    run_dir: Path,
+    result: TrainResult,
+    events: list[dict[str, Any]],
+    quiet: bool = False,
+) -> None:
     summary = {
         "steps": result.steps_done,
         "heldout_accuracy": {str(k): v for k, v in result.heldout.items()},
+        "events": events,
     }
     write_text_atomic(run_dir / SUMMARY, json.dumps(summary, indent=2))
+    if quiet:
+        return
     if 0 in result.heldout and len(result.heldout) > 1:
         last = max(result.heldout)
         before, after = result.heldout[0], result.heldout[last]

@@ -16,6 +16,7 @@ TOKEN_WEIGHTED = frozenset(
         "clip_frac_high",
         "token_ratio_mean",
         "entropy",
+        "entropy_before",
         "kl",
         "mismatch_token_abs_mean",
         "correction_masked_token_frac",

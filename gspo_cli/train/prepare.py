@@ -22,8 +22,13 @@ from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
-from gspo_cli.run_folder import CHECKPOINTS, COLD_START
-from gspo_cli.train.checkpoint import latest_checkpoint, load_trainer_state, set_rng_state
+from gspo_cli.run_folder import CHECKPOINTS, COLD_START, LATEST
+from gspo_cli.train.checkpoint import (
+    checkpoint_at_or_before,
+    latest_checkpoint,
+    load_trainer_state,
+    set_rng_state,
+)
 from gspo_cli.train.distributed import (
     DistContext,
     check_world_size,
@@ -204,6 +209,14 @@ def _resume(
             f"re-partition its optimizer state for {ctx.world}: resume with --nproc {saved_world}"
         )
     engine.load_state(folder)
+    if not engine.weights_finite():  # written before the guard existed, or by another tool
+        older = checkpoint_at_or_before(root, int(state["step"]) - 1)
+        hint = (
+            f"the last good one is {older}: write {older.name} into {root / LATEST}"
+            if older
+            else "none is older: start over"
+        )
+        raise GspoError(f"checkpoint {folder} holds non-finite weights; {hint}")
     sampler.load_state_dict(state["sampler"])
     set_rng_state(state["rng"])
     log.truncate_after(int(state["step"]))

@@ -9,6 +9,7 @@ from typing import Any
 
 from gspo_cli.run_folder import (
     EVALS,
+    EVENTS,
     METRICS,
     SAMPLES,
     append_jsonl,
@@ -50,6 +51,15 @@ class RunLog:
         self.append(EVALS, {"step": step, **values})
         if self.wandb_run is not None:
             self.wandb_run.log({f"heldout/{k}": v for k, v in values.items()}, step=step)
+
+    def event(self, record: dict[str, Any]) -> None:
+        """A guard event (skipped updates, collapse, rollback, stop): kept across rollbacks
+        and resumes, since it explains why steps were redone or the run stopped."""
+        self.append(EVENTS, record)
+
+    def events(self) -> list[dict[str, Any]]:
+        path = self.run_dir / EVENTS
+        return list(read_jsonl(path)) if path.is_file() else []
 
     def evaluations(self) -> dict[int, float]:
         """Held-out accuracy by step from eval.jsonl (what a resumed run already measured)."""

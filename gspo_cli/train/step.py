@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -41,6 +41,7 @@ class StepOutput:
     metrics: dict[str, float]
     rollout: RolloutBatch
     rewards: list[float]
+    index: list[int] = field(default_factory=list)  # the prompts' rows (set by the loop)
 
 
 def _forward_no_grad(
@@ -177,16 +178,23 @@ def rl_step(
     for key, value in correction_metrics.items():
         parts[key].append(value)
     splits = minibatch_split(len(prompts), g, algo.minibatches, step_seed, group_offset)
+    skipped: list[bool] = []  # per minibatch: the non-finite guard left its update out
     for number, minibatch in enumerate(splits):
         norm = ctx.all_reduce_sum(loss_normalizer(loss_mask[minibatch], algo.loss_agg))
-        minibatch_loss = 0.0
+        minibatch_loss, bad_minibatch = 0.0, False
         for index in minibatch.split(micro):
             sub = batch.select(index).trimmed()
             width = sub.response_mask.shape[1]
             logprobs, entropy = engine.logprobs(sub, temperature)
             mask = loss_mask[index, :width].to(logprobs.device)
-            if number == 0 and settings.use_engine_logprobs:  # nothing updated yet: pi = pi_old
-                _mismatch(parts, logprobs, old_lp[index, :width], mask, algo)
+            if number == 0:  # nothing updated yet: pi must equal pi_old
+                parts["entropy_before"].append(
+                    float((entropy * mask).sum() / mask.sum().clamp(min=1))
+                )
+                first_gap = (logprobs.detach() - old_lp[index, :width].to(logprobs.device)) * mask
+                parts["first_ratio_gap_max"].append(float(first_gap.abs().max()))
+                if settings.use_engine_logprobs:
+                    _mismatch(parts, logprobs, old_lp[index, :width], mask, algo)
             loss, metrics = compute_policy_loss(
                 logprobs,
                 old_lp[index, :width].to(logprobs.device),
@@ -201,14 +209,18 @@ def rl_step(
                 kl_coef=algo.kl_coef,
                 token_weights=None if weights is None else weights[index, :width].to(mask.device),
             )
-            engine.backward(loss)
+            finite = ctx.all_reduce_sum(0.0 if torch.isfinite(loss) else 1.0) == 0.0
+            engine.backward(loss if finite else None)  # every rank takes the same decision
+            bad_minibatch |= not finite
             minibatch_loss += ctx.all_reduce_sum(float(loss.detach()))  # global normaliser
             parts["entropy"].append(float((entropy * mask).sum() / mask.sum().clamp(min=1)))
             parts["response_tokens"].append(float(mask.sum()))
             for key, value in metrics.items():
                 parts[key].append(value)
         parts["loss"].append(minibatch_loss)
-        parts["grad_norm"].append(engine.step())
+        grad_norm, applied = engine.step(skip=bad_minibatch)
+        parts["grad_norm"].append(grad_norm)
+        skipped.append(not applied)
     t_train = time.perf_counter()
     if routing_before is not None:  # MoE: how many routed experts the step's updates changed
         routing_after = routed_experts(engine.model, probe)
@@ -227,6 +239,10 @@ def rl_step(
         t_train,
         engine.lr,
     )
+    summary["bad_updates"] = float(sum(skipped))
+    # Skipped updates at the end of this step, which continue into the next step's count.
+    trailing = next((i for i, bad in enumerate(reversed(skipped)) if not bad), len(skipped))
+    summary["bad_updates_trailing"] = float(trailing)
     return StepOutput(ctx.reduce_metrics(summary), rollout, rewards)
 
 

@@ -210,20 +210,39 @@ def test_baseline_option(pair: list[Path]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("make", "kind", "step"),
+    ("make", "expected"),
     [
-        (collapse_run, "reward_collapse", 25),
-        (nan_run, "non_finite", 17),
-        (entropy_run, "entropy_collapse", 20),
+        # The smoothed-curve verdict and the trainer's detector (3-step mean) both see it.
+        (collapse_run, [("reward_collapse", 25), ("reward_crash", 26)]),
+        (nan_run, [("non_finite", 17)]),
+        (entropy_run, [("entropy_collapse", 20)]),
     ],
 )
 def test_verdicts_find_planted_step(
-    tmp_path: Path, make: Callable[[Path], Path], kind: str, step: int
+    tmp_path: Path, make: Callable[[Path], Path], expected: list[tuple[str, int]]
 ) -> None:
     cmp = _compare([make(tmp_path)])
     issues = cmp.reports[0].issues
-    assert [(i.kind, i.step) for i in issues] == [(kind, step)]
-    assert f"step {step}" in issues[0].detail
+    assert [(i.kind, i.step) for i in issues] == expected
+    assert f"step {expected[0][1]}" in issues[0].detail
+
+
+def test_the_trainers_detector_calls_an_exploding_entropy_unstable(tmp_path: Path) -> None:
+    """What lr=1000 does to the tiny model: entropy 0.17 -> 4.6 nats, reward to 0."""
+    rows = [_row(s, 0.5, 0.17) for s in range(1, 11)]
+    rows += [_row(s, 0.02, 4.6) for s in range(11, 21)]
+    cmp = _compare([write_run(tmp_path, "lr1000", rows, planned=20)])
+    kinds = {i.kind for i in cmp.reports[0].issues}
+    assert "entropy_explosion" in kinds  # so the verdict is not "stable"
+
+
+def test_recorded_guard_events_are_shown(tmp_path: Path) -> None:
+    run = write_run(tmp_path, "guarded", [_row(s, 0.5, 1.0) for s in range(1, 11)], planned=10)
+    (run / "events.jsonl").write_text(
+        '{"step": 7, "action": "rollback", "signal": "entropy_explosion", "detail": "to step 5"}\n'
+    )
+    issues = _compare([run]).reports[0].issues
+    assert [(i.kind, i.step) for i in issues] == [("rollback", 7)]
 
 
 def test_healthy_runs_are_stable(tmp_path: Path, pair: list[Path]) -> None:

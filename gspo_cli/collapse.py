@@ -1,0 +1,160 @@
+"""Collapse detection from a run's own signals, against a rolling baseline.
+
+One detector for the trainer (which acts on it: `trainer.on_collapse`) and for `gspo compare`
+(whose stability verdict replays it over metrics.jsonl), so both say the same thing.
+
+Each signal is compared with the median of its last WINDOW finite values (the rolling
+baseline), once WARMUP values exist, so slow, healthy drift (entropy falling as the policy
+sharpens, reward rising) moves the baseline with it and only sudden breaks fire:
+
+The entropy baseline is the median of earlier steps' `entropy_before` (the policy's entropy on
+each step's fresh samples before that step's first update); until WARMUP steps exist it is the
+current step's own `entropy_before`, so an update that wrecks the policy in step 1 is caught
+in step 1.
+
+- entropy explosion: entropy > ENTROPY_RISE x baseline and > baseline + ENTROPY_RISE_NATS.
+  A policy pushed into noise (lr=1000 on the tiny model: 0.17 -> 4.6 nats) jumps by several
+  nats within a few steps; a healthy run moves by hundredths.
+- entropy collapse: entropy < ENTROPY_FLOOR x baseline. A degenerate policy ("1111...", lr=10)
+  drops to ~0 within a few steps; healthy sharpening takes hundreds of steps, and the rolling
+  baseline follows it.
+- reward crash: the mean of the last CRASH_POINTS rewards < REWARD_KEEP x baseline and at
+  least REWARD_DROP below it (absolute, reward units). Three points, so that one unlucky batch
+  of Q x G samples does not fire.
+- ratio blow-up: the sequence ratio s_i (GSPO's length-normalised ratio, logged for every
+  algorithm) leaves [1 / RATIO_LIMIT, RATIO_LIMIT] on RATIO_POINTS consecutive steps. After a
+  few minibatch updates s_i stays within a percent of 1 in a healthy run; a factor of 2 means
+  the policy moved far within one rollout batch.
+- held-out drop: held-out accuracy < HELDOUT_KEEP x the run's best and HELDOUT_DROP below it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+WINDOW = 10
+WARMUP = 5
+ENTROPY_RISE, ENTROPY_RISE_NATS = 3.0, 0.5
+ENTROPY_FLOOR = 0.1
+REWARD_KEEP, REWARD_DROP, CRASH_POINTS = 0.5, 0.15, 3
+RATIO_LIMIT, RATIO_POINTS = 2.0, 2
+HELDOUT_KEEP, HELDOUT_DROP = 0.5, 0.1
+
+
+@dataclass(frozen=True)
+class CollapseEvent:
+    step: int
+    signal: str  # entropy_explosion | entropy_collapse | reward_crash | ratio_blowup | heldout_drop
+    detail: str
+
+
+@dataclass
+class CollapseDetector:
+    """Feed it each step's metrics (and held-out results); it returns what broke, once each."""
+
+    history: dict[str, deque[float]] = field(default_factory=dict)
+    recent_rewards: deque[float] = field(default_factory=lambda: deque(maxlen=CRASH_POINTS))
+    ratio_streak: int = 0
+    best_heldout: float | None = None
+
+    def reset(self) -> None:
+        """Forget everything (after a rollback the run restarts from an earlier state)."""
+        self.history.clear()
+        self.recent_rewards.clear()
+        self.ratio_streak = 0
+
+    def _baseline(self, key: str, warmup: int = WARMUP) -> float | None:
+        values = self.history.get(key)
+        return statistics.median(values) if values and len(values) >= warmup else None
+
+    def _remember(self, key: str, value: float) -> None:
+        self.history.setdefault(key, deque(maxlen=WINDOW)).append(value)
+
+    def observe(self, step: int, metrics: Mapping[str, float]) -> list[CollapseEvent]:
+        events = [
+            e
+            for e in (
+                self._entropy(step, metrics.get("entropy"), metrics.get("entropy_before")),
+                self._reward(step, metrics.get("reward_mean")),
+                self._ratio(step, metrics.get("seq_ratio_min"), metrics.get("seq_ratio_max")),
+            )
+            if e is not None
+        ]
+        # Runs logged before `entropy_before` existed fall back to the step's mean entropy.
+        before = metrics.get("entropy_before", metrics.get("entropy"))
+        for key, value in (("entropy_before", before), ("reward_mean", metrics.get("reward_mean"))):
+            if value is not None and math.isfinite(value) and not events:
+                self._remember(key, float(value))  # a broken step never becomes the baseline
+        return events
+
+    def _entropy(
+        self, step: int, value: float | None, before: float | None
+    ) -> CollapseEvent | None:
+        base = self._baseline("entropy_before")
+        if base is None and before is not None and math.isfinite(before):
+            base = before  # no history yet: this step's own pre-update entropy
+        if value is None or base is None or not math.isfinite(value):
+            return None
+        if value > ENTROPY_RISE * base and value > base + ENTROPY_RISE_NATS:
+            detail = f"entropy {value:.3g} nats against a rolling baseline of {base:.3g}"
+            return CollapseEvent(step, "entropy_explosion", detail)
+        if base > 0 and value < ENTROPY_FLOOR * base:
+            detail = (
+                f"entropy {value:.3g} nats, under {ENTROPY_FLOOR:.0%} of its baseline {base:.3g}"
+            )
+            return CollapseEvent(step, "entropy_collapse", detail)
+        return None
+
+    def _reward(self, step: int, value: float | None) -> CollapseEvent | None:
+        if value is None or not math.isfinite(value):
+            return None
+        self.recent_rewards.append(float(value))
+        base = self._baseline("reward_mean", warmup=CRASH_POINTS)
+        if base is None or len(self.recent_rewards) < CRASH_POINTS:
+            return None
+        recent = statistics.fmean(self.recent_rewards)
+        if recent < REWARD_KEEP * base and base - recent >= REWARD_DROP:
+            detail = (
+                f"reward {recent:.3f} over {CRASH_POINTS} steps against a baseline of {base:.3f}"
+            )
+            return CollapseEvent(step, "reward_crash", detail)
+        return None
+
+    def _ratio(self, step: int, low: float | None, high: float | None) -> CollapseEvent | None:
+        if low is None or high is None:
+            return None
+        outside = not (low >= 1 / RATIO_LIMIT and high <= RATIO_LIMIT)  # NaN counts as outside
+        self.ratio_streak = self.ratio_streak + 1 if outside else 0
+        if self.ratio_streak == RATIO_POINTS:
+            detail = f"sequence ratio in [{low:.3g}, {high:.3g}] for {RATIO_POINTS} steps"
+            return CollapseEvent(step, "ratio_blowup", detail)
+        return None
+
+    def observe_heldout(self, step: int, accuracy: float) -> CollapseEvent | None:
+        best = self.best_heldout
+        self.best_heldout = accuracy if best is None else max(best, accuracy)
+        if best is not None and accuracy < HELDOUT_KEEP * best and best - accuracy >= HELDOUT_DROP:
+            detail = f"held-out accuracy {accuracy:.1%} after a best of {best:.1%}"
+            return CollapseEvent(step, "heldout_drop", detail)
+        return None
+
+
+def replay(
+    records: Iterable[Mapping[str, float]], heldout: Mapping[int, float] | None = None
+) -> list[CollapseEvent]:
+    """Every event the detector raises over a finished run's per-step records, by step."""
+    detector = CollapseDetector()
+    events: list[CollapseEvent] = []
+    evals = dict(heldout or {})
+    if 0 in evals:  # the evaluation before any step: the first reference
+        detector.observe_heldout(0, evals[0])
+    for record in records:
+        step = int(record["step"])
+        events += detector.observe(step, record)
+        if step in evals and (event := detector.observe_heldout(step, evals[step])) is not None:
+            events.append(event)
+    return events
