@@ -57,11 +57,11 @@ class GradCapturingEngine(TorchEngine):
         super().__init__(*args)
         self.grads: list[dict[str, torch.Tensor]] = []
 
-    def step(self) -> float:
+    def step(self, skip: bool = False) -> tuple[float, bool]:
         self.grads.append(
             {n: p.grad.clone() for n, p in self.model.named_parameters() if p.grad is not None}
         )
-        return super().step()
+        return super().step(skip)
 
 
 def _setup(model_name: str, algorithm: str, micro: int = 0, seed: int = 0):  # type: ignore[no-untyped-def]

@@ -1,0 +1,73 @@
+"""The collapse detector and the guard's decisions, on planted series."""
+
+from __future__ import annotations
+
+import math
+
+from gspo_cli.collapse import CollapseDetector, replay
+from gspo_cli.train.guard import Guard
+
+
+def _healthy(step: int) -> dict[str, float]:
+    """A noisy but healthy step: reward 0.6 +- 0.1, entropy drifting down slowly."""
+    entropy = 0.5 - 0.002 * step
+    return {
+        "step": step,
+        "reward_mean": 0.6 + 0.1 * math.sin(1.7 * step),
+        "entropy": entropy,
+        "entropy_before": entropy,
+        "seq_ratio_min": 0.999,
+        "seq_ratio_max": 1.001,
+    }
+
+
+def test_a_healthy_noisy_run_raises_nothing() -> None:
+    assert replay([_healthy(s) for s in range(1, 101)], {0: 0.3, 50: 0.4, 100: 0.45}) == []
+
+
+def test_an_update_that_wrecks_the_policy_is_caught_in_its_own_step() -> None:
+    step1 = {**_healthy(1), "entropy_before": 0.17, "entropy": 3.5}  # lr=1e30, first step
+    (event,) = CollapseDetector().observe(1, step1)
+    assert (event.signal, event.step) == ("entropy_explosion", 1)
+
+
+def test_each_signal_fires() -> None:
+    rows = [_healthy(s) for s in range(1, 21)]
+    crash = [{**r, "reward_mean": 0.05} for r in rows[10:]]
+    assert [e.signal for e in replay(rows[:10] + crash)][:1] == ["reward_crash"]
+    dead = [{**r, "entropy": 0.001, "entropy_before": 0.001} for r in rows[10:]]
+    assert [e.signal for e in replay(rows[:10] + dead)][:1] == ["entropy_collapse"]
+    wild = [{**r, "seq_ratio_min": 0.2, "seq_ratio_max": 7.0} for r in rows[10:]]
+    events = replay(rows[:10] + wild)
+    assert [(e.signal, e.step) for e in events][:1] == [("ratio_blowup", 12)]  # 2 steps in a row
+    held = replay(rows, {0: 0.5, 10: 0.6, 20: 0.1})
+    assert [(e.signal, e.step) for e in held] == [("heldout_drop", 20)]
+
+
+def test_the_guard_acts_as_configured() -> None:
+    broken = {**_healthy(1), "entropy_before": 0.17, "entropy": 3.5}
+    assert Guard(3, "warn", 2).after_step(1, broken, 4).action == "warn"
+    assert Guard(3, "stop", 2).after_step(1, broken, 4).action == "stop"
+    guard = Guard(3, "rollback", 1)
+    assert guard.after_step(1, broken, 4).action == "rollback"
+    guard.restarted()
+    assert guard.after_step(1, broken, 4).action == "stop"  # max_rollbacks used up
+
+
+def test_non_finite_updates_in_a_row_stop_the_run() -> None:
+    guard = Guard(max_bad_updates=3, on_collapse="warn", max_rollbacks=0)
+    step = {**_healthy(1), "bad_updates": 2.0, "bad_updates_trailing": 2.0}
+    assert guard.after_step(1, step, 4).action == "go"  # 2 in a row
+    recovered = {**_healthy(2), "bad_updates": 1.0, "bad_updates_trailing": 0.0}
+    assert guard.after_step(2, recovered, 4).action == "go"  # the streak was broken
+    all_bad = {**_healthy(3), "bad_updates": 4.0, "bad_updates_trailing": 4.0}
+    decision = guard.after_step(3, all_bad, 4)
+    assert decision.action == "stop" and "4 updates in a row" in decision.reason
+
+
+def test_notices_are_said_once() -> None:
+    guard = Guard(3, "stop", 0)
+    inexact = {"first_ratio_gap_max": 0.3, "zero_adv_group_frac": 1.0}
+    assert "not exactly 1" in guard.notices(1, inexact)[0]
+    assert guard.notices(2, inexact) == []
+    assert "zero advantage" in guard.notices(3, inexact)[0]  # the third step in a row
