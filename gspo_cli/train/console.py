@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from types import TracebackType
 
 from rich.console import Console
@@ -23,6 +24,50 @@ def live_line(metrics: dict[str, float]) -> str:
     return "  ".join(parts)
 
 
+def eta_text(done: int, total: int, started: float) -> str:
+    """ "eta 1m05s" from the average time per unit so far."""
+    if done <= 0 or done >= total:
+        return "eta 0s" if done >= total else "eta ?"
+    left = (time.perf_counter() - started) / done * (total - done)
+    minutes, seconds = divmod(int(left), 60)
+    return f"eta {minutes}m{seconds:02d}s" if minutes else f"eta {seconds}s"
+
+
+class PhaseProgress:
+    """Progress of a long phase (cold start, evaluation) with an ETA: a live bar on a
+    terminal, a plain line every `every` units otherwise (logs, CI)."""
+
+    def __init__(self, console: Console, label: str, total: int, plain: bool) -> None:
+        self.console, self.label, self.total = console, label, total
+        self.plain = plain or not console.is_terminal
+        self.every = max(1, total // 10)
+        self.started = time.perf_counter()
+        self.progress = Progress(
+            TextColumn(f"[bold]{label}[/bold]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            disable=self.plain,
+            transient=True,
+        )
+        self.task = self.progress.add_task("", total=total)
+
+    def __enter__(self) -> PhaseProgress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(None, None, None)
+
+    def update(self, done: int, extra: str = "") -> None:
+        self.progress.update(self.task, completed=done)
+        if self.plain and (done % self.every == 0 or done == self.total):
+            eta = eta_text(done, self.total, self.started)
+            line = f"{self.label} {done}/{self.total}  {eta}"
+            self.console.print(f"{line}  {extra}" if extra else line, highlight=False)
+
+
 class TrainingDisplay:
     """Rich progress on a terminal; one plain line per step otherwise (logs, CI)."""
 
@@ -40,6 +85,7 @@ class TrainingDisplay:
             disable=self.plain,
         )
         self.task = self.progress.add_task("", total=total, completed=start)
+        self.start, self.started = start, time.perf_counter()
 
     def __enter__(self) -> TrainingDisplay:
         self.progress.__enter__()
@@ -56,7 +102,8 @@ class TrainingDisplay:
     def step(self, step: int, metrics: dict[str, float]) -> None:
         line = live_line(metrics)
         if self.plain:
-            self.console.print(f"step {step}/{self.total}  {line}", highlight=False)
+            eta = eta_text(step - self.start, self.total - self.start, self.started)
+            self.console.print(f"step {step}/{self.total}  {line}  {eta}", highlight=False)
         self.progress.update(self.task, completed=step, description=line)
 
     def note(self, text: str) -> None:

@@ -11,6 +11,7 @@ seed per prompt, so the run does not depend on the world size.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,15 +74,28 @@ def train(
 def _evaluate(run: PreparedRun, step: int) -> float:
     # Every rank evaluates the same problems with the same seed (ZeRO-3 needs them all in
     # each forward); rank 0 records the result.
+    params = eval_params(run.recipe)
+    started = time.perf_counter()
+    run.console.print(
+        f"held-out evaluation at step {step}: {len(run.eval_problems)} problems x "
+        f"{params.num_samples} samples ...",
+        highlight=False,
+    )
     values = heldout_accuracy(
         run.rollout_engine,
         run.tokenizer,
         run.eval_problems,
-        eval_params(run.recipe),
+        params,
         run.recipe.trainer.seed + 7,
         run.math_pool,
     )
     run.log.evaluation(step, values)
+    if step > 0:  # step 0 is reported as "before RL"
+        run.console.print(
+            f"held-out accuracy at step {step}: {values['accuracy']:.1%} "
+            f"({time.perf_counter() - started:.0f}s)",
+            highlight=False,
+        )
     return values["accuracy"]
 
 

@@ -90,6 +90,7 @@ def prepare_run(
         init_process_group(ctx, device)
     console = (console or Console()) if ctx.is_main else Console(quiet=True)
     run_dir = _run_dir(recipe, out, resume, recipe_yaml, ctx)
+    console.print(f"run folder: {run_dir}", highlight=False)  # first, so a user can look in
     torch.manual_seed(recipe.trainer.seed)
     model, tokenizer = load_recipe_model(recipe)
     train_set = load_problems(recipe, tokenizer, "train")

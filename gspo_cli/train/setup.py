@@ -21,6 +21,7 @@ from gspo_cli.models import load_policy
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rollout import SamplingParams
 from gspo_cli.run_folder import COLD_START, HF_CONFIG, RECIPE, staging, write_text_atomic
+from gspo_cli.train.console import PhaseProgress
 from gspo_cli.train.heldout import rows_as_problems
 from gspo_cli.train.sft import cold_start
 
@@ -141,7 +142,17 @@ def run_cold_start(
     cfg = recipe.cold_start
     display.print(f"cold start: {cfg.steps} SFT steps on worked solutions")
     t0 = time.perf_counter()
-    losses = cold_start(model, tokenizer, train.prompts, train.rows, cfg, recipe.trainer.seed)
+    plain = recipe.logging.console == "plain"
+    with PhaseProgress(display, "cold start", cfg.steps, plain) as progress:
+        losses = cold_start(
+            model,
+            tokenizer,
+            train.prompts,
+            train.rows,
+            cfg,
+            recipe.trainer.seed,
+            on_step=lambda step, loss: progress.update(step, f"loss {loss:.3f}"),
+        )
     tmp = run_dir / staging(COLD_START)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
