@@ -172,7 +172,7 @@ def run_program(
     ):
         box = box_path(iso, host_box)
         spec = {
-            "code": code, "mode": mode, "input": stdin, "fn_name": fn_name, "check": check,
+            "code": code, "mode": mode, "input": stdin, "fn_name": fn_name,
             "isolation": iso, "weak": iso != "bwrap", "guard": iso != "bwrap", "box": box,
             "uid": uid, "checker_uid": checker_uid(uid), "cpu_s": int(limits.time_limit_s) + 1,
             "memory_mb": limits.memory_limit_mb, "file_mb": limits.file_size_mb,
@@ -182,7 +182,7 @@ def run_program(
             "cgroup_fds": group.fds if group else [], "header": header_names(),
             "message_limit": limits.output_limit_bytes,
         }  # fmt: skip
-        outcome = _launch(spec, iso, limits, host_box, group)
+        outcome = _launch(spec, check or "", iso, limits, host_box, group)
         if iso == "rlimits" and uid is not None:
             cleanup.remove_owned(SHARED_TMP, uid)
     return outcome
@@ -190,6 +190,7 @@ def run_program(
 
 def _launch(
     spec: dict[str, Any],
+    check: str,
     iso: str,
     limits: Limits,
     host_box: Path | None,
@@ -198,12 +199,14 @@ def _launch(
     marker = MARKER_PREFIX + secrets.token_hex(8)
     spec_fd = _memfd("spec", marshal.dumps(spec))
     stdin_fd = _memfd("stdin", spec["input"].encode())
+    check_fd = _memfd("check", check.encode())  # for the checker only, read after the fork
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     info_r, info_w = os.pipe2(os.O_CLOEXEC) if iso == "bwrap" else (-1, -1)
     argv = [*wrapper_command(iso, limits.disk_mb, info_w if info_w >= 0 else None)]
     argv += [child_python(), "-I", "-B", "-X", "utf8", runner_path(iso)]
-    argv += [str(spec_fd), str(status_w), marker]
-    passed = [spec_fd, status_w, *spec["cgroup_fds"], *([info_w] if info_w >= 0 else [])]
+    argv += [str(spec_fd), str(status_w), str(check_fd), marker]
+    passed = [spec_fd, status_w, check_fd, *spec["cgroup_fds"]]
+    passed += [info_w] if info_w >= 0 else []
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -217,7 +220,7 @@ def _launch(
             start_new_session=True,  # its own process group
         )
     finally:
-        for fd in (spec_fd, stdin_fd, status_w, info_w):
+        for fd in (spec_fd, stdin_fd, check_fd, status_w, info_w):
             if fd >= 0:
                 os.close(fd)
         if group is not None:

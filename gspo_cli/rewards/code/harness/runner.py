@@ -1,6 +1,7 @@
 """Harness: runs ONE untrusted program for ONE test, inside the sandbox.
 
-Started as `python -I runner.py SPEC_FD STATUS_FD MARKER`; imports nothing from gspo_cli. The
+Started as `python -I runner.py SPEC_FD STATUS_FD CHECK_FD MARKER`; imports nothing from gspo_cli
+(the check's source, with its expected values, comes on its own CHECK_FD). The
 verdict never shares an interpreter with the program; there are two processes:
 
 - the checker (this process, trusted) reads the spec, joins the run's cgroup, sets the rlimits,
@@ -29,13 +30,12 @@ KIND_EXITS = {kind: code for code, kind in EXIT_KINDS.items()}
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def read_spec(fd: int) -> dict[str, Any]:
+def read_all(fd: int) -> bytes:
     chunks = []
     while chunk := os.read(fd, 1 << 20):
         chunks.append(chunk)
     os.close(fd)
-    spec: dict[str, Any] = marshal.loads(b"".join(chunks))
-    return spec
+    return b"".join(chunks)
 
 
 def join_cgroups(fds: list[int]) -> None:
@@ -150,8 +150,8 @@ def failure(exc: BaseException) -> tuple[str, str]:
 
 def program_process(spec: dict[str, Any], code: CodeType, fds: dict[str, int]) -> NoReturn:
     """The untrusted side: never returns, and never holds the status pipe."""
-    for name in ("status", "to_program_w", "from_program_r"):
-        os.close(fds[name])
+    for name in ("status", "check", "to_program_w", "from_program_r"):
+        os.close(fds[name])  # first of all: the verdict's pipe and the check's expected values
     drop_privileges(spec["uid"])
     if spec["guard"]:
         import guard  # loaded by main(), before the uid changed
@@ -214,7 +214,8 @@ def check_program(spec: dict[str, Any], pid: int, fds: dict[str, int]) -> dict[s
         remotes = {n: rpc.Remote(peer, n) for n in names if type(n) is str and n not in reserved}
         if spec["mode"] == "call":
             return {"status": "ok", "result": call_result(spec, remotes)}
-        check = compile(spec["check"], "check.py", "exec", dont_inherit=True)
+        source = read_all(fds["check"]).decode("utf-8")  # never in the program's memory
+        check = compile(source, "check.py", "exec", dont_inherit=True)
         namespace = namespace_for(check, "check", spec["header"])
         namespace.update(remotes)
         exec(check, namespace)
@@ -251,8 +252,8 @@ def exited(pid: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    spec_fd, status_fd = int(sys.argv[1]), int(sys.argv[2])
-    spec = read_spec(spec_fd)
+    spec_fd, status_fd, check_fd = (int(a) for a in sys.argv[1:4])
+    spec: dict[str, Any] = marshal.loads(read_all(spec_fd))
     join_cgroups(spec["cgroup_fds"])
     if os.getpid() == 1:
         act_as_init()
@@ -276,8 +277,9 @@ def main() -> None:
     to_program_r, to_program_w = os.pipe()
     from_program_r, from_program_w = os.pipe()
     fds = {
-        "status": status_fd, "to_program_r": to_program_r, "to_program_w": to_program_w,
-        "from_program_r": from_program_r, "from_program_w": from_program_w,
+        "status": status_fd, "check": check_fd, "to_program_r": to_program_r,
+        "to_program_w": to_program_w, "from_program_r": from_program_r,
+        "from_program_w": from_program_w,
     }  # fmt: skip
     pid = os.fork()
     if pid == 0:

@@ -18,6 +18,12 @@ MAX_DEPTH = 200
 PLAIN = (type(None), bool, int, float, str)
 CONTAINERS = {tuple: "tuple", set: "set", frozenset: "frozenset"}
 BUILD: dict[str, Callable[[Any], Any]] = {"tuple": tuple, "set": set, "frozenset": frozenset}
+# A subclass of a builtin type crosses as its builtin value (its own methods stay behind).
+COERCE: dict[type, Callable[[Any], Any]] = {
+    int: int.__int__, float: float.__float__, str: str.__str__, bytes: bytes,
+    complex: complex, list: list, tuple: tuple, dict: dict, set: set, frozenset: frozenset,
+}  # fmt: skip
+SUBCLASSABLE = tuple(COERCE)
 
 
 class WireError(ValueError):
@@ -33,6 +39,9 @@ def encode(value: Any, to_ref: Callable[[Any], Any], depth: int = 0) -> Any:
     if depth > MAX_DEPTH:
         raise WireError("value nested too deeply")
     kind = type(value)
+    if kind not in PLAIN and isinstance(value, SUBCLASSABLE):  # e.g. IntEnum, namedtuple
+        base = next(b for b in SUBCLASSABLE if isinstance(value, b))
+        value, kind = COERCE[base](value), base
     if kind in PLAIN:
         return value
     if kind is list:
