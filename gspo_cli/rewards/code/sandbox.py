@@ -51,8 +51,10 @@ READ_ROOTS = ("/usr/lib", "/usr/lib64", "/usr/local/lib", "/usr/share", "/lib", 
 SHARED_TMP = ("/dev/shm", "/tmp", "/var/tmp")
 # LeetCode-style names programs use without importing them (LiveCodeBench's header).
 STAR_IMPORTS = ("typing", "collections", "heapq", "bisect", "itertools", "functools")
-MODULE_IMPORTS = ("math", "heapq", "bisect", "collections", "itertools", "functools", "string")
-MODULE_IMPORTS += ("re", "random", "sys")
+MODULE_IMPORTS = (
+    "math", "heapq", "bisect", "collections", "itertools", "functools", "string", "re", "random",
+    "sys",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -246,7 +248,7 @@ def _launch(
     )
 
 
-def _parse_status(raw: bytes) -> dict[str, Any] | None:
+def _parse_status(raw: bytes | bytearray) -> dict[str, Any] | None:
     """The checker's status (a dict literal of plain values), or None."""
     try:
         status = ast.literal_eval(raw.decode("utf-8"))

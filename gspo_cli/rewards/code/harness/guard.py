@@ -80,6 +80,7 @@ def make_hook(box: str, read_roots: tuple[str, ...]) -> Any:
     getcwd, lstat, readlink, getpid = posix.getcwd, posix.lstat, posix.readlink, posix.getpid
     _any, _len, _type, _str, _bytes, _int = any, len, type, str, bytes, int
     violation = SandboxViolation
+    no_dir_fd = (None, -1, -100)  # how the events spell "no dir_fd" (AT_FDCWD is -100)
 
     def inside(path: str, roots: tuple[str, ...]) -> bool:
         return _any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
@@ -154,7 +155,7 @@ def make_hook(box: str, read_roots: tuple[str, ...]) -> Any:
             check(path, (flags & write_flags) != 0 or not (mode is None or text_mode))
         elif event in writes:
             paths, dir_fds = writes[event]
-            if _any(i < _len(args) and args[i] is not None and args[i] != -100 for i in dir_fds):
+            if _any(i < _len(args) and args[i] not in no_dir_fd for i in dir_fds):
                 raise violation(f"sandbox: {event} with dir_fd is not allowed")
             for i in paths:
                 check(args[i], True)

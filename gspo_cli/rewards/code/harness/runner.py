@@ -18,6 +18,7 @@ verdict never shares an interpreter with the program; there are two processes:
 from __future__ import annotations
 
 import builtins
+import errno
 import marshal
 import os
 import resource
@@ -141,8 +142,8 @@ def failure(exc: BaseException) -> tuple[str, str]:
     """(kind, message) for an exception escaping the program; the traceback goes to stderr."""
     sys.__excepthook__(type(exc), exc, exc.__traceback__)  # C code: no frame audit events
     message = f"{type(exc).__name__}: {exc}"[:300]
-    if isinstance(exc, MemoryError):
-        return "memory_limit", message
+    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
+        return "memory_limit", message  # ENOMEM: e.g. a memfd write past the run's cgroup
     if "SandboxViolation" in (type(exc).__name__, type(exc.__context__).__name__):
         return "blocked", message
     return "runtime_error", message
