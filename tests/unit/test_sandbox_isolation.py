@@ -18,12 +18,14 @@ import pytest
 
 from gspo_cli.rewards.code import JudgePool, judge_completions, judge_program, run_program
 from gspo_cli.rewards.code import isolation as iso
-from gspo_cli.rewards.code.sandbox import MARKER_PREFIX, Limits
+from gspo_cli.rewards.code.sandbox import MARKER_PREFIX, Limits, run_prefix
 
 MODES = iso.available_modes()
 FAST = Limits(time_limit_s=0.5, output_limit_bytes=1 << 20)
 GOOD = "print(int(input()) * 2)"
 GOOD_TESTS = {"inputs": ["21\n"], "outputs": ["42\n"]}
+OURS = MARKER_PREFIX + run_prefix()  # another process's sandboxes are not ours to check
+SLEEP = f"987.{os.getpid()}"  # the daemon test's sleep, likewise
 
 
 def sandboxed_processes() -> list[str]:
@@ -34,7 +36,7 @@ def sandboxed_processes() -> list[str]:
             cmdline = (proc_dir / "cmdline").read_bytes()
         except OSError:
             continue
-        if MARKER_PREFIX.encode() in cmdline or b"987.654" in cmdline:
+        if OURS.encode() in cmdline or (SLEEP + "\0").encode() in cmdline:
             found.append(cmdline.decode(errors="replace"))
     return found
 
@@ -141,11 +143,11 @@ def test_no_writes_outside_the_box(mode: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_each_run_gets_a_fresh_folder_removed_afterwards(mode: str) -> None:
-    before = set(Path(tempfile.gettempdir()).glob("gspo-sbx-*"))
+    before = set(Path(tempfile.gettempdir()).glob(f"gspo-sbx-{run_prefix()}*"))
     code = "import os\nprint(sorted(os.listdir('.')))\nopen('mark', 'w').write('1')"
     tests = {"inputs": ["", ""], "outputs": ["[]", "[]"]}  # the 2nd run must not see 'mark'
     assert judge_program(code, tests, limits=FAST, **opt_in(mode)).verdict == "accepted"
-    assert set(Path(tempfile.gettempdir()).glob("gspo-sbx-*")) <= before
+    assert set(Path(tempfile.gettempdir()).glob(f"gspo-sbx-{run_prefix()}*")) <= before
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -193,7 +195,7 @@ def test_killing_the_parent_fails(mode: str) -> None:
 def test_daemons_and_children_do_not_outlive_the_run(mode: str) -> None:
     daemon = (
         "import os, subprocess, time\n"
-        "try:\n    subprocess.Popen(['sleep', '987.654'], start_new_session=True)\n"
+        f"try:\n    subprocess.Popen(['sleep', '{SLEEP}'], start_new_session=True)\n"
         "except Exception:\n    pass\n"
         "try:\n    if os.fork() == 0:\n        os.setsid()\n        time.sleep(100)\n"
         "except Exception:\n    pass\n"

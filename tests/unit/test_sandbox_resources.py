@@ -18,10 +18,12 @@ import pytest
 from gspo_cli.rewards.code import cleanup, judge_program, run_program, sandbox
 from gspo_cli.rewards.code import isolation as iso
 from gspo_cli.rewards.code.cgroups import layout
-from gspo_cli.rewards.code.sandbox import MARKER_PREFIX, Limits
+from gspo_cli.rewards.code.sandbox import MARKER_PREFIX, Limits, run_prefix
 
 MODES = iso.available_modes()
 CGROUP = layout()
+OURS = MARKER_PREFIX + run_prefix()  # another process's sandboxes are not ours to check
+SLEEP = f"987.{os.getpid()}"
 needs_cgroup = pytest.mark.skipif(CGROUP is None, reason="no writable memory cgroup here")
 
 
@@ -33,7 +35,9 @@ def host_leftovers() -> set[Path]:
     """Run folders and files a sandbox could leave on the host."""
     found = set()
     for folder in (tempfile.gettempdir(), "/dev/shm"):
-        found |= {p for p in Path(folder).iterdir() if p.name.startswith("gspo-sbx-")}
+        found |= {
+            p for p in Path(folder).iterdir() if p.name.startswith(f"gspo-sbx-{run_prefix()}")
+        }
     return found
 
 
@@ -44,7 +48,7 @@ def nothing_left_behind() -> Iterator[None]:
     assert host_leftovers() <= before
     for proc_dir in Path("/proc").iterdir():
         try:
-            assert MARKER_PREFIX.encode() not in (proc_dir / "cmdline").read_bytes()
+            assert OURS.encode() not in (proc_dir / "cmdline").read_bytes()
         except OSError:
             continue
 
@@ -135,7 +139,7 @@ def test_a_flood_of_short_lines_is_judged(mode: str) -> None:
 
 DAEMONS = (
     "import os, subprocess, time\n"
-    "try:\n    subprocess.Popen(['sleep', '987.654'], start_new_session=True)\n"
+    f"try:\n    subprocess.Popen(['sleep', '{SLEEP}'], start_new_session=True)\n"
     "except Exception:\n    pass\n"
     "try:\n    if os.fork() == 0:\n        os.setsid()\n        time.sleep(100)\n"
     "except Exception:\n    pass\n"
@@ -161,7 +165,7 @@ def test_runs_end_without_scanning_host_processes(
     assert verdict in ("accepted", "blocked")  # the weak modes' guard refuses fork
     for proc_dir in Path("/proc").iterdir():  # the pid namespace or the cgroup took them all
         try:
-            assert b"987.654" not in (proc_dir / "cmdline").read_bytes()
+            assert (SLEEP + "\0").encode() not in (proc_dir / "cmdline").read_bytes()
         except OSError:
             continue
 

@@ -37,7 +37,7 @@ class Layout:
     pids: Path | None
 
 
-def _own_paths() -> dict[str, str]:
+def own_cgroup_paths() -> dict[str, str]:
     """controller (or "" for v2) -> this process's cgroup path, from /proc/self/cgroup."""
     paths = {}
     for line in Path("/proc/self/cgroup").read_text().splitlines():
@@ -60,7 +60,7 @@ def _writable_group(parent: Path) -> bool:
 def _find_layout() -> tuple[Layout | None, str]:
     """(layout, "") or (None, why not)."""
     try:
-        paths = _own_paths()
+        paths = own_cgroup_paths()
     except (OSError, ValueError):
         return None, "/proc/self/cgroup is unreadable"
     v2 = ROOT / paths.get("", "/").lstrip("/")

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import cache
 from pathlib import Path
 
@@ -128,7 +128,20 @@ def box_path(mode: str, host_box: Path | None) -> str:
 
 
 def runner_path(mode: str) -> str:
-    return "/judge/runner.py" if mode == "bwrap" else str(HARNESS / "runner.py")
+    """The harness's entry script as the sandbox sees it."""
+    return "/judge/start.py" if mode == "bwrap" else str(HARNESS / "start.py")
+
+
+@cache
+def precompile_harness() -> None:
+    """Byte-compile the harness once for the programs' interpreter, so that no run compiles it
+    (where the package folder is read-only, pip has usually done this at install)."""
+    with suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(
+            [child_python(), "-I", "-m", "compileall", "-q", str(HARNESS)],
+            capture_output=True,
+            timeout=60,
+        )
 
 
 @cache

@@ -38,6 +38,7 @@ from gspo_cli.rewards.code.isolation import (
     checked_mode,
     checker_uid,
     child_python,
+    precompile_harness,
     private_uid,
     python_prefix,
     runner_path,
@@ -45,6 +46,13 @@ from gspo_cli.rewards.code.isolation import (
 )
 
 MARKER_PREFIX = "gspo-sandbox-run-"  # in every sandboxed process's argv, for cleanup and tests
+
+
+def run_prefix() -> str:
+    """Start of this process's run markers and host folders (other trainers have their own)."""
+    return f"{os.getpid()}-"
+
+
 STARTUP_GRACE_S = 0.5  # interpreter + wrapper start-up, not charged to the program
 STDERR_TAIL = 16 * 1024
 READ_ROOTS = ("/usr/lib", "/usr/lib64", "/usr/local/lib", "/usr/share", "/lib", "/lib64")
@@ -140,7 +148,8 @@ def _host_box(mode: str, uid: int | None, group: RunGroup | None) -> Iterator[Pa
         yield None
         return
     parent = "/dev/shm" if group is not None and os.access("/dev/shm", os.W_OK) else None
-    box = Path(tempfile.mkdtemp(prefix="gspo-sbx-", dir=parent or tempfile.gettempdir()))
+    prefix = f"gspo-sbx-{run_prefix()}"
+    box = Path(tempfile.mkdtemp(prefix=prefix, dir=parent or tempfile.gettempdir()))
     try:
         if uid is not None:
             os.chown(box, uid, uid)
@@ -166,6 +175,7 @@ def run_program(
     Raises WeakIsolationError when only a weak mode is available and not opted into."""
     limits = limits or Limits()
     iso = checked_mode(isolation, allow_weak_isolation)
+    precompile_harness()
     nproc = limits.nproc
     with (
         private_uid() as uid,
@@ -198,7 +208,7 @@ def _launch(
     host_box: Path | None,
     group: RunGroup | None,
 ) -> RunOutcome:
-    marker = MARKER_PREFIX + secrets.token_hex(8)
+    marker = MARKER_PREFIX + run_prefix() + secrets.token_hex(8)
     spec_fd = _memfd("spec", marshal.dumps(spec))
     stdin_fd = _memfd("stdin", spec["input"].encode())
     check_fd = _memfd("check", check.encode())  # for the checker only, read after the fork

@@ -14,7 +14,10 @@ from __future__ import annotations
 import os
 import posix
 import sys
-from typing import Any
+
+TYPE_CHECKING = False  # typing costs milliseconds at every start: annotations only
+if TYPE_CHECKING:
+    from typing import Any
 
 BLOCKED = frozenset(
     {

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 import struct
 
 PR_SET_DUMPABLE = 4
@@ -60,7 +59,7 @@ def deny_sockets_and_tracing() -> bool:
     """A seccomp filter: socket creation, ptrace, cross-process memory access and io_uring fail
     with EPERM, and foreign-ABI system calls kill. Needs no_new_privs. False on unknown arches.
     """
-    arch = ARCHES.get(platform.machine())
+    arch = ARCHES.get(os.uname().machine)
     if arch is None:
         return False
     audit_arch, denied = arch

@@ -8,9 +8,11 @@ that look at an argument the program changed in place still work.
 
 from __future__ import annotations
 
-from typing import Any
-
 from wire import WireError, decode, encode, receive, send, send_encoded
+
+TYPE_CHECKING = False  # typing costs milliseconds at every start: annotations only
+if TYPE_CHECKING:
+    from typing import Any
 
 MUTABLE = (list, dict, set)
 

@@ -1,6 +1,6 @@
 """Harness: runs ONE untrusted program for ONE test, inside the sandbox.
 
-Started as `python -I runner.py SPEC_FD STATUS_FD CHECK_FD MARKER`; imports nothing from gspo_cli
+Started as `python -I start.py SPEC_FD STATUS_FD CHECK_FD MARKER`; imports nothing from gspo_cli
 (the check's source, with its expected values, comes on its own CHECK_FD). The
 verdict never shares an interpreter with the program; there are two processes:
 
@@ -23,9 +23,12 @@ import marshal
 import os
 import resource
 import sys
-from types import CodeType
-from typing import Any, NoReturn
 
+TYPE_CHECKING = False  # typing costs milliseconds at every start: annotations only
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+CodeType = type(compile("", "", "exec"))
 EXIT_KINDS = {0: "ok", 1: "runtime_error", 3: "memory_limit", 4: "blocked"}
 KIND_EXITS = {kind: code for code, kind in EXIT_KINDS.items()}
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -258,8 +261,7 @@ def main() -> None:
     join_cgroups(spec["cgroup_fds"])
     if os.getpid() == 1:
         act_as_init()
-    sys.path.insert(0, HERE)  # the other harness modules, imported before any mount below
-    if spec["mode"] != "stdio":
+    if spec["mode"] != "stdio":  # modules from HERE (on sys.path): loaded before any mount
         import rpc  # noqa: F401 (loaded now: the program's process inherits it)
     if spec["weak"]:
         import guard  # noqa: F401 (likewise)
@@ -304,10 +306,10 @@ def report(status_fd: int, status: dict[str, Any]) -> NoReturn:
     os._exit(0)
 
 
-if __name__ == "__main__":
+def start() -> None:
+    """Entry point (called by start.py)."""
     try:
         main()
     except BaseException as exc:  # the harness itself failed: the judge logs internal_error
-        report(
-            int(sys.argv[2]), {"status": "internal_error", "error": f"{type(exc).__name__}: {exc}"}
-        )
+        error = f"{type(exc).__name__}: {exc}"
+        report(int(sys.argv[2]), {"status": "internal_error", "error": error})

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
-from typing import Any
+
+TYPE_CHECKING = False  # typing costs milliseconds at every start: annotations only
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 MAX_DEPTH = 200
 PLAIN = (type(None), bool, int, float, str)
