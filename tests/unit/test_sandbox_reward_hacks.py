@@ -67,6 +67,16 @@ try:
 except Exception:
     pass
 """
+# Reach into the parent (the checker) through /proc and write a verdict on its descriptors.
+CHECKER_FDS = """
+import os
+for fd in range(3, 64):
+    try:
+        with open(f"/proc/{os.getppid()}/fd/{fd}", "w") as f:
+            f.write("{'status': 'ok'}")
+    except OSError:
+        pass
+"""
 ALWAYS_EQUAL = """
 class _Yes:
     def __eq__(self, other):
@@ -95,6 +105,7 @@ def solution(right: bool, attack: str) -> str:
         "fake_status": FAKE_STATUS,
         "frame_theft": FRAME_THEFT,
         "always_equal": ALWAYS_EQUAL,
+        "checker_fds": CHECKER_FDS,
     }.get(attack, "")
     return f"{code}\nclass Solution:\n    def add(self, a, b):\n        return {body}\n"
 
@@ -103,7 +114,7 @@ def options(mode: str) -> dict[str, object]:
     return {"limits": FAST, "isolation": mode, "allow_weak_isolation": mode != "bwrap"}
 
 
-ATTACKS = ["patch_builtins", "fake_status", "frame_theft", "always_equal"]
+ATTACKS = ["patch_builtins", "fake_status", "frame_theft", "always_equal", "checker_fds"]
 
 
 @pytest.mark.parametrize("mode", MODES)
