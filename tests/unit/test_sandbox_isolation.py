@@ -78,6 +78,14 @@ def test_normal_program_runs_under_its_limits(mode: str) -> None:
         "    print(int(data) * 2)\nthreading.Thread(target=main).start()"
     )  # idioms of competitive Python must survive the guard
     assert judge_program(common, GOOD_TESTS, **opt_in(mode)).verdict == "accepted"
+    library = (  # stdlib that inspects frames or lists the cwd must survive the guard too
+        "import enum, os\nfrom collections import namedtuple\nfrom dataclasses import dataclass\n"
+        "from pathlib import Path\nP = namedtuple('P', 'x')\nColor = enum.Enum('Color', 'RED')\n"
+        "@dataclass\nclass D:\n    x: int\nPath('f.txt').write_text(input())\n"
+        "print(int(Path('f.txt').read_text()) * 2, os.listdir(), P(1).x, D(2).x, Color.RED.value)"
+    )
+    tests = {"inputs": ["21\n"], "outputs": ["42 ['f.txt'] 1 2 1"]}
+    assert judge_program(library, tests, **opt_in(mode)).verdict == "accepted"
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -137,8 +145,11 @@ def test_no_writes_outside_the_box(mode: str, tmp_path: Path) -> None:
         if target.parent != Path(tempfile.gettempdir()):
             assert verdict in ("runtime_error", "blocked")  # the host folder is not even there
         assert not target.exists()  # /tmp may be the sandbox's own: the host's stays clean
-    inside = "open('local.txt', 'w').write('ok')\nprint(open('local.txt').read())"
-    assert judge(inside, "ok", mode) == "accepted"  # its own folder is writable
+    inside = (
+        "import os\nopen('local.txt', 'w').write('ok')\nos.mkdir('sub')\n"
+        "print(open('local.txt').read(), sorted(os.listdir()))"
+    )
+    assert judge(inside, "ok ['local.txt', 'sub']", mode) == "accepted"  # its own folder
 
 
 @pytest.mark.parametrize("mode", MODES)

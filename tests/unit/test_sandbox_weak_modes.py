@@ -101,17 +101,49 @@ posix.lstat = lambda *a: None
 """
 
 
+# Every closure reachable from the program's frames (and from a refused call's traceback)
+# gets its tuples widened to "/", as an attack on the guard's own state would.
+CLOSURES = """
+import sys
+def widen(value):
+    for fn in [value, *vars(value).values()] if isinstance(value, type(sys)) else [value]:
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                if isinstance(cell.cell_contents, tuple):
+                    cell.cell_contents = ("/",)
+            except Exception:
+                pass
+frame = sys._getframe()
+while frame is not None:
+    for value in [*frame.f_locals.values(), *frame.f_globals.values()]:
+        widen(value)
+    frame = frame.f_back
+try:
+    open("/etc/hostname")
+except Exception as exc:
+    tb = exc.__traceback__
+    while tb is not None:
+        try:
+            for value in tb.tb_frame.f_locals.values():
+                widen(value)
+        except Exception:
+            pass
+        tb = tb.tb_next
+"""
+
+
 @pytest.mark.parametrize("mode", WEAK)
-def test_the_guard_survives_pure_python_tampering(mode: str) -> None:
+@pytest.mark.parametrize("tamper", [GUARD_OFF, CLOSURES], ids=["globals", "closures"])
+def test_the_guard_survives_pure_python_tampering(mode: str, tamper: str) -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
         connect = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), 2)\n"
-        assert judge(GUARD_OFF + connect + "print('escaped')", mode) in ("blocked", "runtime_error")
+        assert judge(tamper + connect + "print('escaped')", mode) in ("blocked", "runtime_error")
         server.setblocking(False)
         with pytest.raises(BlockingIOError):
             server.accept()  # nothing reached the listening socket
     read = "print(open('/etc/hostname').read(), 'escaped')"
-    assert judge(GUARD_OFF + read, mode) in ("blocked", "runtime_error")
+    assert judge(tamper + read, mode) in ("blocked", "runtime_error")
 
 
 @pytest.mark.parametrize("mode", WEAK)

@@ -5,8 +5,8 @@ The hook is built so that plain Python cannot switch it off: its state is immuta
 only in the closure (no module globals to reassign), it calls only C functions captured at
 install time (no os.path helpers a program could monkeypatch), it never calls code the program
 controls (a path must be an exact str/bytes/int), and it refuses the introspection that could
-reach it (frames, gc, tracing, replacing a function's code). Native code or crafted bytecode
-can still get past it: that is why these modes need an explicit opt-in.
+reach it (frames of the hook, gc, tracing, replacing a function's code). Native code or crafted
+bytecode can still get past it: that is why these modes need an explicit opt-in.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ BLOCKED = frozenset(
     {
         "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
         "subprocess.Popen", "os.killpg", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata",
-        "sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile",
+        "sys._current_frames", "sys.settrace", "sys.setprofile",
         "gc.get_objects", "gc.get_referrers", "gc.get_referents", "code.__new__",
         "os.chroot", "pty.spawn",
     }
@@ -34,7 +34,10 @@ BLOCKED_IMPORTS = frozenset(
         "_testcapi", "_testinternalcapi", "_ctypes_test", "_xxtestfuzz",
     }
 )  # fmt: skip
-FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"})
+# A frame of the hook (reached through a traceback, a generator, another thread's stack or a
+# tracer) would lead to its closure. sys._getframe stays allowed (namedtuple, typing, enum use
+# it): it sees only the program's and the harness's frames, which hold nothing of the guard.
+FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 # event -> (positions of path arguments, positions of dir_fd arguments)
 WRITES = {
     "os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)), "os.mkdir": ((0,), (2,)),
@@ -163,7 +166,8 @@ def make_hook(box: str, read_roots: tuple[str, ...]) -> Any:
             for i in paths:
                 check(args[i], True)
         elif event in reads and args:
-            check(args[reads[event][0]], False)
+            path = args[reads[event][0]]
+            check("." if path is None else path, False)  # os.listdir() lists the cwd
 
     return hook
 

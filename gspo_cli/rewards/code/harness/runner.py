@@ -93,6 +93,16 @@ def drop_privileges(uid: int | None) -> None:
         raise SystemExit("sandbox: could not drop privileges")
 
 
+def preload(spec: dict[str, Any]) -> None:
+    """Import the harness modules a run needs now, before any mount or uid change; kept out of
+    main()'s locals, where the program could find them through its frames."""
+    if spec["mode"] != "stdio":
+        __import__("rpc")
+    if spec["weak"]:
+        __import__("guard")
+        __import__("kernel")
+
+
 def prepare_weak_mode(spec: dict[str, Any]) -> None:
     """unshare/rlimits: no new privileges; under unshare, private size-limited tmpfs on /tmp
     and /dev/shm (the box lives in /tmp) that vanish with the mount namespace."""
@@ -261,18 +271,13 @@ def main() -> None:
     join_cgroups(spec["cgroup_fds"])
     if os.getpid() == 1:
         act_as_init()
-    if spec["mode"] != "stdio":  # modules from HERE (on sys.path): loaded before any mount
-        import rpc  # noqa: F401 (loaded now: the program's process inherits it)
+    preload(spec)
     if spec["weak"]:
-        import guard  # noqa: F401 (likewise)
-
         prepare_weak_mode(spec)
     os.chdir(spec["box"])
     set_limits(spec)
     if spec["uid"] is None:
-        import kernel
-
-        kernel.not_dumpable()  # the program will share our uid
+        __import__("kernel").not_dumpable()  # the program will share our uid
     try:
         code = compile(spec["code"], "solution.py", "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:  # ValueError: null bytes in the source
