@@ -26,9 +26,10 @@ import sys
 
 TYPE_CHECKING = False  # typing costs milliseconds at every start: annotations only
 if TYPE_CHECKING:
+    from types import CodeType
     from typing import Any, NoReturn
 
-CodeType = type(compile("", "", "exec"))
+CODE_TYPE = type(compile("", "", "exec"))
 EXIT_KINDS = {0: "ok", 1: "runtime_error", 3: "memory_limit", 4: "blocked"}
 KIND_EXITS = {kind: code for code, kind in EXIT_KINDS.items()}
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -120,11 +121,12 @@ def prepare_weak_mode(spec: dict[str, Any]) -> None:
 
 def used_names(code: CodeType) -> set[str]:
     """Every name the code (and the functions and classes in it) refers to."""
-    names, todo = set(), [code]
+    names: set[str] = set()
+    todo = [code]
     while todo:
         current = todo.pop()
         names.update(current.co_names)
-        todo.extend(c for c in current.co_consts if isinstance(c, CodeType))
+        todo.extend(c for c in current.co_consts if isinstance(c, CODE_TYPE))
     return names
 
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 MAX_DEPTH = 200
 PLAIN = (type(None), bool, int, float, str)
-CONTAINERS = {tuple: "tuple", set: "set", frozenset: "frozenset"}
+CONTAINERS: dict[type, str] = {tuple: "tuple", set: "set", frozenset: "frozenset"}
 BUILD: dict[str, Callable[[Any], Any]] = {"tuple": tuple, "set": set, "frozenset": frozenset}
 # A subclass of a builtin type crosses as its builtin value (its own methods stay behind).
 COERCE: dict[type, Callable[[Any], Any]] = {
