@@ -144,6 +144,7 @@ def eval_(
     """Evaluate a checkpoint on a benchmark: avg@k, pass@k, maj@k, Elo, with intervals."""
     from gspo_cli.eval.runner import EvalSettings, run_eval
     from gspo_cli.recipe.schema import EvalConfig
+    from gspo_cli.rewards.code.isolation import allow_weak_isolation
 
     resolved = load_recipe(recipe, set_) if recipe else _recipe_from_overrides(set_)
     cfg, verifier = resolved.eval, resolved.reward  # eval defaults; maths verifier pool size
@@ -184,6 +185,7 @@ def eval_(
         EvalConfig.model_validate({k: merged[k] for k in EvalConfig.model_fields})
     except ValidationError as exc:
         raise RecipeError("gspo eval", [describe_error(e) for e in exc.errors()]) from None
+    allow_weak_isolation(resolved.reward.sandbox.allow_weak_isolation)
     run_eval(settings, out or Path("evals") / settings.benchmark, resume=resume, console=console)
 
 

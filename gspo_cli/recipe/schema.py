@@ -210,6 +210,13 @@ class RewardFunctionConfig(Section):
         return self
 
 
+class SandboxConfig(Section):
+    allow_weak_isolation: bool = Field(
+        False,
+        description="Judge code without bubblewrap (unshare or rlimits isolation), if need be.",
+    )
+
+
 class RewardConfig(Section):
     functions: list[RewardFunctionConfig] = Field(
         default_factory=lambda: [RewardFunctionConfig(name="math")],
@@ -218,6 +225,9 @@ class RewardConfig(Section):
     )
     num_workers: int = Field(2, ge=1, description="Processes that score completions.")
     timeout_s: float = Field(5.0, gt=0, description="Per-completion timeout of the verifier.")
+    sandbox: SandboxConfig = Field(
+        default_factory=SandboxConfig, description="The code sandbox's isolation policy."
+    )
 
 
 class AlgorithmConfig(Section):

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
+from gspo_cli.rewards.code.isolation import allow_weak_isolation
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.run_folder import CHECKPOINTS, COLD_START, SAMPLES, SUMMARY, write_text_atomic
@@ -271,6 +272,7 @@ def run_sft_only(
 ) -> Path:
     """`gspo sft`: the cold start alone, saved as an HF checkpoint, with held-out accuracy."""
     console = console or Console()
+    allow_weak_isolation(recipe.reward.sandbox.allow_weak_isolation)  # held-out code problems
     run_dir = prepare_run_dir(recipe, out, False, recipe_yaml)
     device = resolve_device(recipe.trainer.device)
     model, tokenizer = load_recipe_model(recipe)
