@@ -29,6 +29,7 @@ from gspo_cli.train.run_log import RunLog
 from gspo_cli.train.setup import (
     Problems,
     eval_params,
+    heldout_note,
     heldout_problems,
     load_problems,
     load_recipe_model,
@@ -37,6 +38,7 @@ from gspo_cli.train.setup import (
     resolve_device,
     run_cold_start,
 )
+from gspo_cli.train.signals import stop_on_signals
 from gspo_cli.train.step import rl_step
 
 
@@ -55,11 +57,13 @@ def train(
     resume: bool = False,
     console: Console | None = None,
 ) -> TrainResult:
-    run = prepare_run(recipe, recipe_yaml, out, resume, console)
-    try:
-        return run_loop(run)
-    finally:
-        run.close()
+    # SIGTERM asks for a stop at the next step boundary (train/signals.py), from here on.
+    with stop_on_signals(recipe.trainer.stop_grace_s) as stop:
+        run = prepare_run(recipe, recipe_yaml, out, resume, console, stop)
+        try:
+            return run_loop(run)
+        finally:
+            run.close()
 
 
 def _evaluate(run: PreparedRun, step: int) -> float:
@@ -176,6 +180,8 @@ def run_sft_only(
     model, tokenizer = load_recipe_model(recipe)
     train_set = load_problems(recipe, tokenizer, "train")
     eval_problems = heldout_problems(recipe, tokenizer)
+    if (note := heldout_note(recipe, train_set)) is not None:
+        console.print(note, highlight=False)
     model = run_cold_start(recipe, model.to(device), tokenizer, train_set, run_dir, console).to(
         device
     )

@@ -62,6 +62,19 @@ def set_limits(spec: dict[str, Any]) -> None:
         resource.setrlimit(kind, value)
 
 
+def die_with_trainer(parent_pid: int | None) -> None:
+    """SIGKILL when the trainer dies: dropping privileges cleared the request the trainer's
+    `setpriv --pdeathsig` made, so a harness that is the trainer's own child makes it again."""
+    if parent_pid is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, ctypes.c_ulong(9), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    if os.getppid() != parent_pid:  # the trainer died before the request: end now
+        os._exit(1)
+
+
 def drop_privileges(uid: int | None) -> None:
     """Root runs programs as the run's private uid: RLIMIT_NPROC does not bind uid 0."""
     if uid is None or os.getuid() != 0:
@@ -208,8 +221,12 @@ def main() -> None:
     with open(spec_path, encoding="utf-8") as fh:
         spec = json.load(fh)
     os.unlink(spec_path)  # the nonce and the code leave the filesystem before the program runs
+    # Only a direct child re-arms: in a pid namespace the parent is the namespace's init, which
+    # the wrapper already ties to the trainer.
+    direct = os.getppid() == spec.get("parent_pid")
     set_limits(spec)
     drop_privileges(spec.get("uid"))
+    die_with_trainer(spec["parent_pid"] if direct else None)
     sys.stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
     exec(HEADER, {})  # import the header's modules before the guard starts watching opens
     if spec.get("guard"):

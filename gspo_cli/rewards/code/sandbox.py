@@ -33,6 +33,7 @@ from gspo_cli.rewards.code.isolation import (
     python_prefix,
     wrapper_command,
 )
+from gspo_cli.workers import die_with_parent_argv
 
 RUNNER = Path(__file__).with_name("runner.py")
 MARKER_PREFIX = "gspo-sandbox-run-"  # in every sandboxed process's argv, for cleanup and tests
@@ -135,6 +136,7 @@ def _spec(code: str, mode: str, limits: Limits, uid: int | None, **extra: Any) -
         "open_files": limits.open_files,
         "nproc": nproc,
         "read_roots": [python_prefix(child_python()), *READ_ROOTS],
+        "parent_pid": os.getpid(),
         **extra,
     }
 
@@ -161,7 +163,10 @@ def run_program(
         shutil.copyfile(RUNNER, judge / "runner.py")
         (judge / "stdin").write_text(stdin, encoding="utf-8")
         box_in, judge_in = paths_in_sandbox(iso, box, judge)
-        argv = [*wrapper_command(iso, box, judge), child_python(), "-I", "-B", "-X", "utf8"]
+        # The wrapper (or the harness itself) dies with this thread: a killed trainer leaves no
+        # program running; the harness re-arms that after it drops privileges.
+        argv = [*die_with_parent_argv(), *wrapper_command(iso, box, judge)]
+        argv += [child_python(), "-I", "-B", "-X", "utf8"]
         argv += [f"{judge_in}/runner.py", f"{judge_in}/spec.json", marker]
         outcome = _supervise(argv, box, box_in, judge / "stdin", limits, uid, marker)
     return _with_status(outcome, spec["nonce"])
