@@ -273,12 +273,12 @@ def dump_recipe_yaml(recipe: Recipe) -> str:
 
 def _quiet_libraries() -> None:
     """Our own progress display replaces the libraries' bars and info logs."""
-    import os
 
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_VERBOSITY", "error")
     os.environ.setdefault("DATASETS_VERBOSITY", "error")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

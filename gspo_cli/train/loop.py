@@ -181,7 +181,7 @@ def run_sft_only(
     train_set = load_problems(recipe, tokenizer, "train")
     eval_problems = heldout_problems(recipe, tokenizer)
     if (note := heldout_note(recipe, train_set)) is not None:
-        console.print(note, highlight=False)
+        console.print(note, highlight=False, soft_wrap=True)
     model = run_cold_start(recipe, model.to(device), tokenizer, train_set, run_dir, console).to(
         device
     )

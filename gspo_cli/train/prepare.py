@@ -131,7 +131,7 @@ def prepare_run(
     train_set = load_problems(recipe, tokenizer, "train")
     eval_problems = heldout_problems(recipe, tokenizer)
     if (note := heldout_note(recipe, train_set)) is not None:
-        console.print(note, highlight=False)
+        console.print(note, highlight=False, soft_wrap=True)
     model = _after_cold_start(recipe, model.to(device), tokenizer, train_set, run_dir, ctx, console)
     model.to(device)
     if recipe.model.gradient_checkpointing:
@@ -244,7 +244,9 @@ def _resume(
     folder = latest_checkpoint(root, cleanup=False)
     if folder is None:  # killed before the first checkpoint: start over, keep the cold start
         kept = " (the cold start is kept)" if (run_dir / COLD_START / HF_CONFIG).is_file() else ""
-        console.print(f"no checkpoint in {root}: starting from step 0{kept}", highlight=False)
+        console.print(
+            f"no checkpoint in {root}: starting from step 0{kept}", highlight=False, soft_wrap=True
+        )
         log.truncate_after(-1)
         return 0
     state = load_trainer_state(folder)
