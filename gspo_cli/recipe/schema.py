@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gspo_cli.data.sources import split_benchmark_source
+from gspo_cli.run_folder import HF_CONFIG
 
 LOCAL_DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".yaml", ".yml")
 
@@ -79,7 +80,7 @@ class ModelConfig(Section):
     def _hf_folder(cls, path: str) -> str:
         """A local model folder must be an HF checkpoint: loading it fails otherwise, late."""
         local = Path(path).expanduser()
-        if looks_local(path) and local.exists() and not (local / "config.json").is_file():
+        if looks_local(path) and local.exists() and not (local / HF_CONFIG).is_file():
             kind = "folder" if local.is_dir() else "file"
             raise ValueError(f"{path} is a {kind} without config.json, not an HF checkpoint")
         return path

@@ -162,9 +162,10 @@ def _changed_keys(old: Any, new: Any, prefix: str = "") -> set[str]:
     return set() if old == new else {prefix.rstrip(".")}
 
 
-# What the cold start was made from: a run that keeps its cold start must not change these.
+# What the cold start was made from (whole sections end in "."): a run that keeps its cold
+# start must not change these.
 COLD_START_INPUTS = (
-    "model", "data", "cold_start", "trainer.seed", "eval.num_problems", "eval.benchmark",
+    "model.", "data.", "cold_start.", "trainer.seed", "eval.num_problems", "eval.benchmark",
 )  # fmt: skip
 
 
@@ -194,16 +195,12 @@ def _check_resumable(run_dir: Path, saved: Path, recipe_yaml: str) -> None:
         if changed - RESUMABLE_CHANGES:
             raise GspoError(f"--resume: {', '.join(sorted(changed))} differ from {saved}")
     elif (run_dir / COLD_START / HF_CONFIG).is_file():
-        stale = sorted(k for k in changed if k.startswith(_prefixes(COLD_START_INPUTS)))
+        stale = sorted(k for k in changed if k.startswith(COLD_START_INPUTS))
         if stale:
             raise GspoError(
                 f"--resume: {', '.join(stale)} differ from {saved}, and the cold start in "
                 f"{run_dir / COLD_START} was made with them: remove that folder to redo it"
             )
-
-
-def _prefixes(keys: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(k + "." for k in keys) + keys
 
 
 def run_cold_start(
