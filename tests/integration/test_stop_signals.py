@@ -207,3 +207,44 @@ def test_sigterm_asks_first_and_stops_on_a_second_or_when_the_grace_ends() -> No
         for _ in range(600):  # no boundary comes: the grace timer stops the run
             time.sleep(0.1)
     assert signal.getsignal(signal.SIGTERM) is not stop.handle  # the handler is removed after
+
+
+def test_sigterm_stops_gspo_eval_with_one_line_and_the_resume_finishes(
+    tmp_path: Path, shared: Path
+) -> None:
+    out = tmp_path / "eval"
+    data = shared / "benchmarks" / "gsm8k" / "qwen25math_gsm8k_test.jsonl"
+    argv = [
+        "eval", "builtin:tiny-dense", "--benchmark", "gsm8k", "--data", str(data),
+        "--limit", "8", "--samples", "32", "--max-new-tokens", "48", "--out", str(out),
+    ]  # fmt: skip  # 32 samples: two problems per generate call, four calls
+    err = tmp_path / "stderr.txt"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gspo_cli.cli", *argv],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env={**os.environ, "COLUMNS": "300"},
+        )
+    try:
+        samples = out / "samples.jsonl"
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline and not samples.is_file():
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143, err.read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = err.read_text()
+    assert "Traceback" not in text and len(text.strip().splitlines()) == 1, text
+    done = len(samples.read_text().splitlines())
+    assert 0 < done < 8
+    command = f"gspo {' '.join(argv)} --resume"
+    assert text.strip() == f"stopped with {done} problem(s) done in {out}; resume with: {command}"
+    from tests.conftest import run_cli
+
+    resumed = run_cli(*argv, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"({done} already done)" in resumed.stdout
