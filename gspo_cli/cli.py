@@ -280,6 +280,8 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("DATASETS_VERBOSITY", "error")
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if "datasets" in sys.modules:  # imported already (a host process): the variable came late
+        sys.modules["datasets"].disable_progress_bars()
 
 
 def main() -> None:
