@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
+from gspo_cli.run_folder import check_run_folder, run_dir_of
 from gspo_cli.train.distributed import check_world_size, free_port
 
 
@@ -31,11 +32,8 @@ def launch(
     hostfile: Path | None,
 ) -> int:
     """Run the training command under a launcher; returns its exit code."""
-    run_dir = out or Path(recipe.trainer.out_dir) / recipe.name
-    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
-        raise GspoError(
-            f"run folder {run_dir} already exists: pass --resume to continue it, or --out"
-        )
+    run_dir = run_dir_of(recipe, out)
+    check_run_folder(run_dir, resume)
     check_world_size(recipe, nproc)
     args = ["train", str(recipe_file), "--out", str(run_dir)]
     args += [item for o in overrides for item in ("--set", o)]

@@ -44,6 +44,7 @@ from gspo_cli.rewards.code.isolation import (
     runner_path,
     wrapper_command,
 )
+from gspo_cli.workers import die_with_parent_argv
 
 MARKER_PREFIX = "gspo-sandbox-run-"  # in every sandboxed process's argv, for cleanup and tests
 
@@ -214,7 +215,12 @@ def _launch(
     check_fd = _memfd("check", check.encode())  # for the checker only, read after the fork
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     info_r, info_w = os.pipe2(os.O_CLOEXEC) if iso == "bwrap" else (-1, -1)
-    argv = [*wrapper_command(iso, limits.disk_mb, info_w if info_w >= 0 else None)]
+    # setpriv --pdeathsig: the wrapper dies with this thread, so a killed trainer leaves no
+    # sandbox behind (the harness asks again after it drops privileges).
+    argv = [
+        *die_with_parent_argv(),
+        *wrapper_command(iso, limits.disk_mb, info_w if info_w >= 0 else None),
+    ]
     argv += [child_python(), "-I", "-B", "-X", "utf8", runner_path(iso)]
     argv += [str(spec_fd), str(status_w), str(check_fd), marker]
     passed = [spec_fd, status_w, check_fd, *spec["cgroup_fds"]]

@@ -10,6 +10,7 @@ import ctypes
 import os
 import struct
 
+PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_SECCOMP = 22
 PR_SET_NO_NEW_PRIVS = 38
@@ -80,3 +81,9 @@ def deny_sockets_and_tracing() -> bool:
     program = Program(len(code), ctypes.addressof(buffer))
     prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(program))
     return True
+
+
+def die_with_parent() -> None:
+    """SIGKILL when the parent dies. Changing uid clears this, so it is asked for again after
+    dropping privileges: a killed trainer leaves no program running."""
+    prctl(PR_SET_PDEATHSIG, 9)

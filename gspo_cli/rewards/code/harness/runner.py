@@ -92,6 +92,9 @@ def drop_privileges(uid: int | None) -> None:
     os.setuid(uid)
     if os.getuid() != uid or os.geteuid() != uid:
         raise SystemExit("sandbox: could not drop privileges")
+    import kernel
+
+    kernel.die_with_parent()
 
 
 def preload(spec: dict[str, Any]) -> None:
