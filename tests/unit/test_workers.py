@@ -125,7 +125,12 @@ def test_maths_verifier_workers_ignore_ctrl_c() -> None:
 SANDBOXED_SLEEP = """
 import sys
 from gspo_cli.rewards.code.sandbox import Limits, run_program
-run_program("import time\\ntime.sleep(600)", limits=Limits(time_limit_s=600), isolation=sys.argv[1])
+run_program(
+    "import time\\ntime.sleep(600)",
+    limits=Limits(time_limit_s=600),
+    isolation=sys.argv[1],
+    allow_weak_isolation=True,  # the weak modes are tested too, by explicit opt-in
+)
 """
 
 
