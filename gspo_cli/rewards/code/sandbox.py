@@ -194,6 +194,9 @@ def run_program(
             "read_roots": [python_prefix(child_python()), *READ_ROOTS],
             "cgroup_fds": group.fds if group else [], "header": header_names(),
             "message_limit": limits.output_limit_bytes,
+            # Without a pid namespace the harness checks it still has this parent (kernel.py);
+            # inside one its parent is the namespace's init, which dies with the wrapper.
+            "parent_pid": os.getpid() if iso == "rlimits" else None,
         }  # fmt: skip
         outcome = _launch(spec, check or "", iso, limits, host_box, group)
         if iso == "rlimits" and uid is not None:

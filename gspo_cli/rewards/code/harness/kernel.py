@@ -83,7 +83,10 @@ def deny_sockets_and_tracing() -> bool:
     return True
 
 
-def die_with_parent() -> None:
-    """SIGKILL when the parent dies. Changing uid clears this, so it is asked for again after
-    dropping privileges: a killed trainer leaves no program running."""
+def die_with_parent(parent: int | None) -> None:
+    """SIGKILL when `parent` dies. Changing uid (and fork) clears this, so it is asked for
+    again after dropping privileges: a killed trainer leaves no program running. A parent that
+    died before the request can signal no more (we were reparented): then exit now."""
     prctl(PR_SET_PDEATHSIG, 9)
+    if parent is not None and os.getppid() != parent:
+        os._exit(137)

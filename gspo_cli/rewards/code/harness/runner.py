@@ -83,7 +83,7 @@ def set_limits(spec: dict[str, Any]) -> None:
         resource.setrlimit(kind, value)
 
 
-def drop_privileges(uid: int | None) -> None:
+def drop_privileges(uid: int | None, parent: int | None) -> None:
     """Root runs the program and the checker as two private uids (RLIMIT_NPROC binds them)."""
     if uid is None or os.getuid() != 0:
         return
@@ -94,7 +94,7 @@ def drop_privileges(uid: int | None) -> None:
         raise SystemExit("sandbox: could not drop privileges")
     import kernel
 
-    kernel.die_with_parent()
+    kernel.die_with_parent(parent)
 
 
 def preload(spec: dict[str, Any]) -> None:
@@ -171,7 +171,7 @@ def program_process(spec: dict[str, Any], code: CodeType, fds: dict[str, int]) -
     """The untrusted side: never returns, and never holds the status pipe."""
     for name in ("status", "check", "to_program_w", "from_program_r"):
         os.close(fds[name])  # first of all: the verdict's pipe and the check's expected values
-    drop_privileges(spec["uid"])
+    drop_privileges(spec["uid"], spec["harness_pid"])
     if spec["guard"]:
         import guard  # loaded by main(), before the uid changed
         import kernel
@@ -294,6 +294,7 @@ def main() -> None:
         "to_program_w": to_program_w, "from_program_r": from_program_r,
         "from_program_w": from_program_w,
     }  # fmt: skip
+    spec["harness_pid"] = os.getpid()  # the program's parent, which it must die with
     pid = os.fork()
     if pid == 0:
         try:
@@ -304,7 +305,7 @@ def main() -> None:
             os._exit(1)  # never back into the checker's code
     os.close(to_program_r)
     os.close(from_program_w)
-    drop_privileges(spec["checker_uid"])
+    drop_privileges(spec["checker_uid"], spec["parent_pid"])
     report(status_fd, check_program(spec, pid, fds))
 
 
