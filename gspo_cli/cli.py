@@ -92,8 +92,10 @@ def train(
     run_dir = run_dir_of(resolved, out)
     console.print(f"[bold]gspo train[/bold] {_summary(resolved)}", highlight=False)
     with _stop_line(lambda: stop_message(run_dir, sys.argv[1:])):
-        from gspo_cli.train.launch import launch, under_launcher
+        from gspo_cli.train.launch import launch, rank_dies_with_launcher, under_launcher
         from gspo_cli.train.loop import train as run_training
+
+        rank_dies_with_launcher()
 
         if (nproc > 1 or hostfile) and not under_launcher():
             if resolved.trainer.engine != "deepspeed":
