@@ -17,7 +17,7 @@ from gspo_cli.recipe import load_recipe
 from gspo_cli.run_folder import CHECKPOINTS, LATEST
 from gspo_cli.train.prepare import prepare_run
 from gspo_cli.train.signals import Stopped, stop_on_signals
-from tests.conftest import REPO
+from tests.conftest import REPO, interruptible
 from tests.integration.conftest import write_recipe
 
 # builtin:tiny-dense, no cold start: the first step comes within seconds; 200 steps outlast
@@ -83,6 +83,7 @@ class Trainer:
                 stderr=err,
                 env={**os.environ, "COLUMNS": "300"},
                 start_new_session=True,
+                preexec_fn=interruptible,
             )
 
     def wait_for_step(self, step: int, timeout: float = 300) -> None:

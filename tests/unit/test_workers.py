@@ -14,7 +14,7 @@ import pytest
 
 from gspo_cli.rewards.code.isolation import available_modes
 from gspo_cli.rewards.code.sandbox import MARKER_PREFIX
-from tests.conftest import REPO
+from tests.conftest import REPO, interruptible
 
 
 def _parents() -> dict[int, int]:
@@ -63,6 +63,7 @@ def _kill_and_check(script: str, args: list[str], ready) -> None:  # type: ignor
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        preexec_fn=interruptible,
     )
     children: list[int] = []
     try:
@@ -108,6 +109,7 @@ def test_maths_verifier_workers_ignore_ctrl_c() -> None:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=interruptible,
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
