@@ -7,6 +7,7 @@ Every problem becomes one line naming the key path; `RecipeError` carries them a
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,26 @@ from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import Recipe, looks_local
 
 BASE_KEY = "base"
+
+
+class RecipeYamlLoader(yaml.SafeLoader):
+    """YAML with YAML 1.2's booleans: only true/false. Under PyYAML's 1.1 rules `off`, `on`,
+    `yes` and `no` are booleans, and `routing_replay: off` would read as False."""
+
+
+RecipeYamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+RecipeYamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool",
+    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    list("tTfF"),
+)
+
+
+def read_yaml_text(text: str) -> Any:
+    return yaml.load(text, Loader=RecipeYamlLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 class RecipeError(GspoError):
@@ -60,7 +81,7 @@ def load_recipe_dict(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str
 
 def _read_yaml(file: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+        data = read_yaml_text(file.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
@@ -126,7 +147,7 @@ def apply_override(raw: dict[str, Any], override: str, source: str) -> None:
     if not sep or not all(keys):
         raise RecipeError(source, [f"--set {override!r}: expected KEY.PATH=VALUE"])
     try:
-        value = yaml.safe_load(text)
+        value = read_yaml_text(text)
     except yaml.YAMLError:
         value = text
     node = raw

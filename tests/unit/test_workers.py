@@ -144,5 +144,10 @@ NAMESPACE_MODES = [m for m in available_modes() if m != "rlimits"]
 
 @pytest.mark.parametrize("mode", NAMESPACE_MODES)
 def test_a_sandboxed_program_dies_with_a_sigkilled_judge(mode: str) -> None:
-    marker = MARKER_PREFIX.encode()
-    _kill_and_check(SANDBOXED_SLEEP, [mode], lambda kids: any(marker in _cmdline(p) for p in kids))
+    # Ready once the harness runs (argv[0] python): the wrappers before it (setpriv, bwrap,
+    # unshare) carry the marker from fork on, before they have asked for the parent-death signal.
+    def harness_running(kids: list[int]) -> bool:
+        argvs = [_cmdline(p).split(b"\0") for p in kids]
+        return any(b"python" in a[0] and MARKER_PREFIX.encode() in b" ".join(a) for a in argvs)
+
+    _kill_and_check(SANDBOXED_SLEEP, [mode], harness_running)
