@@ -106,6 +106,7 @@ def run_stats(run: Run, window: int, extra: list[str]) -> dict[str, Any]:
         "model": run.model,
         "clip_low": run.setting("algorithm.clip_low"),
         "clip_high": run.setting("algorithm.clip_high"),
+        "routing_replay": run.setting("algorithm.routing_replay") or "off",
         "steps_done": run.steps_done,
         "steps_planned": run.steps_planned,
     }

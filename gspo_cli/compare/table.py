@@ -55,6 +55,13 @@ def _algorithm(report: RunReport) -> str:
     return f"{stats['algorithm']} (clip {stats['clip_low']:g}/{stats['clip_high']:g})"
 
 
+def _routing_replay(report: RunReport) -> str | None:
+    """The replay setting of MoE runs (those that measured volatility) or of any run with it on."""
+    replay = report.stats["routing_replay"]
+    moe = report.stats.get("expert_volatility_mean") is not None
+    return replay if moe or replay != "off" else None
+
+
 def _steps(report: RunReport) -> str:
     done, planned = report.stats["steps_done"], report.stats["steps_planned"]
     if planned is None:
@@ -132,7 +139,12 @@ def row_specs(cmp: Comparison) -> list[RowSpec]:
         RowSpec("clip fraction", "clip_frac", _clip, "clip_frac_mean", "{:+.2f} pts"),
         RowSpec("seq-ratio spread", "ratio_spread", _fmt("{:.4g}", "ratio_spread_mean")),
         RowSpec("entropy mean (first → last)", "entropy", _entropy),
-        RowSpec("expert volatility", "expert_volatility", _fmt("{:.2%}", "expert_volatility_mean")),
+        RowSpec("routing replay", None, _routing_replay),
+        RowSpec(
+            "expert volatility / update",
+            "expert_volatility",
+            _fmt("{:.2%}", "expert_volatility_mean"),
+        ),
         RowSpec(
             "engine mismatch |Δ log p|",
             "mismatch_token_abs_mean",

@@ -10,7 +10,6 @@ from collections.abc import Callable
 
 import torch
 from transformers import (
-    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerFast,
     Qwen3Config,
@@ -79,7 +78,3 @@ def create_builtin(name: str, seed: int) -> tuple[PreTrainedModel, PreTrainedTok
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model, tokenizer
-
-
-def is_moe(config: PretrainedConfig) -> bool:
-    return getattr(config, "num_experts", 0) > 1 or getattr(config, "num_local_experts", 0) > 1

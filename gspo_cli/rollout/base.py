@@ -16,6 +16,7 @@ class SamplingParams:
     max_new_tokens: int = 64
     num_samples: int = 1  # responses per prompt (G)
     logprobs: bool = False  # also return each sampled token's log-prob (costs memory and time)
+    routed_experts: bool = False  # MoE: also return the experts each forwarded token went to
 
 
 @dataclass
@@ -29,6 +30,10 @@ class RolloutBatch:
     completion_logprobs: list[torch.Tensor] | None
     texts: list[str]  # N decoded responses, special tokens removed
     truncated: list[bool]  # N: True when max_new_tokens was hit before EOS
+    # N tensors [L, len_i, k] int16 (`SamplingParams.routed_experts`): the top-k experts of each
+    # MoE layer for every token forwarded while generating (the prompt and all but the last
+    # response token, in order); None otherwise.
+    routed_experts: list[torch.Tensor] | None = None
 
     @property
     def num_completion_tokens(self) -> int:

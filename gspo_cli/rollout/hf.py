@@ -7,6 +7,7 @@ no_repeat_ngram_size...) are set aside while generating, and named once in a war
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -21,6 +22,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from gspo_cli.models.routing import ExpertRouting, Recording, RoutingError
 from gspo_cli.rollout.base import RolloutBatch, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -101,6 +103,10 @@ class HFGenerateEngine:
         self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
     ) -> RolloutBatch:
         batch = RolloutBatch([], [], [] if params.logprobs else None, [], [])
+        if params.routed_experts:
+            if ExpertRouting.of(self.model) is None:
+                raise RoutingError("routed experts asked of a dense model")
+            batch.routed_experts = []
         was_training = self.model.training
         saved_config = self.model.generation_config
         self.model.generation_config = self._neutral_config(saved_config)
@@ -163,7 +169,6 @@ class HFGenerateEngine:
     def _generate_chunk(
         self, prompts: list[list[int]], params: SamplingParams, out: RolloutBatch
     ) -> None:
-        device = next(self.model.parameters()).device
         pad_id = int(self.tokenizer.pad_token_id)
         eos_id = int(self.tokenizer.eos_token_id)
         width = max(len(p) for p in prompts)
@@ -173,20 +178,9 @@ class HFGenerateEngine:
             input_ids[i, width - len(p) :] = torch.tensor(p)
             attention[i, width - len(p) :] = 1
         recorder = ChosenTokenLogprobs(params.temperature) if params.logprobs else None
-        # temperature/top-k/top-p are neutral here: our processors apply them, after the recorder.
-        generated = self.model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention.to(device),
-            do_sample=params.temperature > 0,
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
-            max_new_tokens=params.max_new_tokens,
-            eos_token_id=eos_id,
-            pad_token_id=pad_id,
-            logits_processor=self._processors(params, recorder),
-            synced_gpus=self.synced_gpus,
-        )
+        routing = ExpertRouting.of(self.model) if out.routed_experts is not None else None
+        with contextlib.nullcontext(None) if routing is None else routing.record() as experts:
+            generated = self._sample(input_ids, attention, params, recorder)
         new_tokens = generated[:, width:]  # [n, T]
         logprobs = recorder.finish(new_tokens[:, -1]).cpu() if recorder is not None else None
         new_tokens = new_tokens.cpu()
@@ -199,3 +193,45 @@ class HFGenerateEngine:
                 out.completion_logprobs.append(logprobs[i, :length].clone())
             out.texts.append(self.tokenizer.decode(tokens[:length], skip_special_tokens=True))
             out.truncated.append(eos_id not in tokens[:length])
+        if out.routed_experts is not None and experts is not None:
+            out.routed_experts += _forwarded_routing(experts, prompts, out.completion_ids, width)
+
+    def _sample(
+        self,
+        input_ids: torch.Tensor,
+        attention: torch.Tensor,
+        params: SamplingParams,
+        recorder: ChosenTokenLogprobs | None,
+    ) -> torch.Tensor:
+        """`[n, P + T]` prompts and sampled tokens from one `generate` call."""
+        device = next(self.model.parameters()).device
+        eos_id, pad_id = int(self.tokenizer.eos_token_id), int(self.tokenizer.pad_token_id)
+        # temperature/top-k/top-p are neutral here: our processors apply them, after the recorder.
+        return self.model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            do_sample=params.temperature > 0,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=eos_id,
+            pad_token_id=pad_id,
+            logits_processor=self._processors(params, recorder),
+            synced_gpus=self.synced_gpus,
+        )
+
+
+def _forwarded_routing(
+    experts: Recording, prompts: list[list[int]], completions: list[list[int]], width: int
+) -> list[torch.Tensor]:
+    """Per sequence `[L, len(prompt) + len(completion) - 1, k]`: the experts of every token
+    `generate` forwarded (the last sampled token never is), prompt padding and post-EOS steps cut.
+    """
+    n = len(prompts)
+    routing = experts.routing(n)  # [L, n, P + decoding steps, k]
+    completions = completions[-n:]  # this chunk's rows
+    return [
+        routing[:, i, width - len(p) : width + len(c) - 1].clone()
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
+    ]

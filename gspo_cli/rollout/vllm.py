@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from gspo_cli.errors import GspoError
+from gspo_cli.models.routing import is_moe
 from gspo_cli.rollout.base import RolloutBatch, SamplingParams
 from gspo_cli.rollout.engines import EngineSpec
 
@@ -61,13 +62,6 @@ def deadline(seconds: float, what: str) -> Iterator[None]:
         yield
     finally:
         timer.cancel()
-
-
-def _is_moe(config: Any) -> bool:
-    return any(
-        getattr(config, key, None)
-        for key in ("num_experts", "n_routed_experts", "num_local_experts")
-    )
 
 
 def _waves(lengths: list[int]) -> list[range]:
@@ -105,7 +99,7 @@ class VLLMEngine:
         self.timeout_s = float(self.options.get("timeout_s") or DEFAULT_TIMEOUT_S)
         self.cuda = torch.cuda.is_available()
         sync = self.options.get("sync", "auto")
-        self.rebuild = sync == "rebuild" or (sync == "auto" and _is_moe(spec.model.config))
+        self.rebuild = sync == "rebuild" or (sync == "auto" and is_moe(spec.model.config))
         self.folder = tempfile.mkdtemp(prefix="gspo-vllm-")
         self.llm: Any = None
         self._save_weights()
@@ -199,6 +193,11 @@ class VLLMEngine:
         from vllm import SamplingParams as VLLMSampling
         from vllm.inputs import TokensPrompt
 
+        if params.routed_experts:
+            raise GspoError(
+                "rollout.engine vllm cannot return the experts chosen while generating here "
+                "(needs vLLM's Model Runner V2 on GPU)"
+            )
         if seeds is None:  # from torch's generator: a seeded run draws the same seeds again
             seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()
         g = params.num_samples

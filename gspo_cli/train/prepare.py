@@ -182,7 +182,13 @@ def rollout_params(recipe: Recipe) -> SamplingParams:
         or (r.engine != "hf" and r.top_p == 1 and r.top_k == 0)
     )
     return SamplingParams(
-        r.temperature, r.top_p, r.top_k, r.max_new_tokens, r.group_size, logprobs=wanted
+        r.temperature,
+        r.top_p,
+        r.top_k,
+        r.max_new_tokens,
+        r.group_size,
+        logprobs=wanted,
+        routed_experts=recipe.algorithm.routing_replay == "rollout",
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -23,8 +24,8 @@ from gspo_cli.train.batch import TrainBatch, build_train_batch, pad_logprobs
 from gspo_cli.train.distributed import LOCAL, DistContext
 from gspo_cli.train.engine import LogprobModel, TrainEngine
 from gspo_cli.train.metric_rules import combine
+from gspo_cli.train.replay import PROBE_ROWS, StepRouting
 from gspo_cli.train.rewards import RewardModel
-from gspo_cli.train.routing import routed_experts, routing_volatility
 
 
 @dataclass
@@ -45,14 +46,24 @@ class StepOutput:
 
 
 def _forward_no_grad(
-    engine: LogprobModel, batch: TrainBatch, chunk: int, temperature: float
+    engine: LogprobModel,
+    batch: TrainBatch,
+    chunk: int,
+    temperature: float,
+    routing: StepRouting | None = None,
 ) -> torch.Tensor:
-    """`[N, T]` log-probs of the current weights, without grad, in chunks."""
+    """`[N, T]` log-probs of the current weights, without grad, in chunks (the pi_old forward
+    when `routing` is given: it records or replays the experts)."""
     out = torch.zeros(batch.response_mask.shape)
     with torch.no_grad():
         for index in torch.arange(batch.input_ids.shape[0]).split(chunk):
             sub = batch.select(index).trimmed()
-            lp, _ = engine.logprobs(sub, temperature)
+            with (
+                contextlib.nullcontext()
+                if routing is None
+                else routing.old_policy_forward(sub, index)
+            ):
+                lp, _ = engine.logprobs(sub, temperature)
             out[index, : lp.shape[1]] = lp.float().cpu()
     return out
 
@@ -64,6 +75,7 @@ def _pi_old(
     micro: int,
     temperature: float,
     settings: StepSettings,
+    routing: StepRouting,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, dict[str, float]]:
     """(pi_old `[N, T]`, token weights `[N, T]` or None, loss mask `[N, T]`, metrics).
 
@@ -80,7 +92,7 @@ def _pi_old(
         if engine_lp is None:
             raise ValueError("use_engine_logprobs needs the rollout engine's log-probs")
         return engine_lp, None, mask, {}
-    old_lp = _forward_no_grad(engine, batch, micro, temperature)  # [N, T]
+    old_lp = _forward_no_grad(engine, batch, micro, temperature, routing)  # [N, T]
     if engine_lp is None:
         return old_lp, None, mask, {}
     clip = (float(algo.clip_low or 0), float(algo.clip_high or 0))
@@ -167,13 +179,14 @@ def rl_step(
     if ctx.world > 1 and g % algo.minibatches:
         raise ValueError("with several processes, algorithm.minibatches must divide group_size")
     temperature = params.temperature
+    routing = StepRouting(
+        engine.model, algo.routing_replay, n, rollout.routed_experts, algo.router_aux_coef
+    )
     old_lp, weights, loss_mask, correction_metrics = _pi_old(
-        engine, rollout, batch, micro, temperature, settings
+        engine, rollout, batch, micro, temperature, settings, routing
     )
     ref_lp = _forward_no_grad(ref_engine, batch, micro, temperature) if ref_engine else None
 
-    probe = batch.select(torch.arange(min(n, micro))).trimmed()  # routing before the updates
-    routing_before = routed_experts(engine.model, probe)
     parts: dict[str, list[float]] = defaultdict(list)
     for key, value in correction_metrics.items():
         parts[key].append(value)
@@ -182,10 +195,12 @@ def rl_step(
     for number, minibatch in enumerate(splits):
         norm = ctx.all_reduce_sum(loss_normalizer(loss_mask[minibatch], algo.loss_agg))
         minibatch_loss, bad_minibatch = 0.0, False
-        for index in minibatch.split(micro):
+        for part, index in enumerate(minibatch.split(micro)):
             sub = batch.select(index).trimmed()
             width = sub.response_mask.shape[1]
-            logprobs, entropy = engine.logprobs(sub, temperature)
+            probe = index[:PROBE_ROWS] if part == 0 and routing.is_moe else None
+            with routing.training_forward(sub, index, probe) as router_logits:
+                logprobs, entropy = engine.logprobs(sub, temperature)
             mask = loss_mask[index, :width].to(logprobs.device)
             if number == 0:  # nothing updated yet: pi must equal pi_old
                 parts["entropy_before"].append(
@@ -209,6 +224,10 @@ def rl_step(
                 kl_coef=algo.kl_coef,
                 token_weights=None if weights is None else weights[index, :width].to(mask.device),
             )
+            aux = routing.aux_loss(router_logits, sub)
+            if aux is not None:  # the minibatch's mean over micro-batches and ranks
+                loss = loss + aux * (len(index) / (len(minibatch) * ctx.world))
+                parts["router_aux_loss"].append(float(aux.detach()))
             finite = ctx.all_reduce_sum(0.0 if torch.isfinite(loss) else 1.0) == 0.0
             engine.backward(loss if finite else None)  # every rank takes the same decision
             bad_minibatch |= not finite
@@ -219,13 +238,10 @@ def rl_step(
                 parts[key].append(value)
         parts["loss"].append(minibatch_loss)
         grad_norm, applied = engine.step(skip=bad_minibatch)
+        routing.after_update(batch, applied)  # MoE: volatility across this one update
         parts["grad_norm"].append(grad_norm)
         skipped.append(not applied)
     t_train = time.perf_counter()
-    if routing_before is not None:  # MoE: how many routed experts the step's updates changed
-        routing_after = routed_experts(engine.model, probe)
-        assert routing_after is not None
-        parts["expert_volatility"].append(routing_volatility(routing_before, routing_after))
     summary = _summarise(
         parts,
         rollout,
@@ -239,6 +255,7 @@ def rl_step(
         t_train,
         engine.lr,
     )
+    summary.update(routing.metrics())
     summary["bad_updates"] = float(sum(skipped))
     # Skipped updates at the end of this step, which continue into the next step's count.
     trailing = next((i for i, bad in enumerate(reversed(skipped)) if not bad), len(skipped))

@@ -258,6 +258,10 @@ def test_full_comparison_writes_plots_and_summaries(tmp_path: Path, pair: list[P
     assert "0.700" in text and "20.0% → 50.0%" in text
     assert "15.00% (low 5.00% / high 10.00%)" in text
     assert "0.400 [0.300, 0.500]" in text and "reward collapse at step 25" in text
+    # The MoE run shows its volatility and routing-replay setting; the dense runs show neither.
+    volatility = next(line for line in text.splitlines() if "expert volatility / update" in line)
+    replay = next(line for line in text.splitlines() if "routing replay" in line)
+    assert "10.00%" in volatility and replay.count("off") == 1
     expected = {
         "reward_mean", "heldout_accuracy", "clip_frac", "ratio_spread", "entropy",
         "grad_norm", "response_len_mean", "expert_volatility",

@@ -97,6 +97,15 @@ def test_base_loop_is_reported(tmp_path: Path) -> None:
         ),
         ("reward:\n  functions: [{name: verifier}]\n", "unknown reward 'verifier'; known: code"),
         ("reward:\n  functions: [{name: no_such_mod:f}]\n", "cannot import 'no_such_mod'"),
+        (
+            "algorithm: {routing_replay: old_policy}\nrollout: {use_engine_logprobs: true}\n",
+            "routing_replay old_policy records experts in the trainer's pi_old forward",
+        ),
+        (
+            "algorithm: {routing_replay: rollout}\nrollout: {engine: vllm}\n",
+            "rollout.engine vllm does not return them here",
+        ),
+        ("trainer: {seed: yes}\n", "trainer.seed: Input should be a valid integer"),
         ("", "the recipe file is empty"),
         ("a: [1\nb: 2\n", "line 2: invalid YAML"),
         ("- 1\n- 2\n", "a recipe must be a mapping"),
@@ -106,6 +115,15 @@ def test_problems_name_the_key_path(tmp_path: Path, text: str, expected: str) ->
     with pytest.raises(RecipeError) as info:
         load_recipe(write(tmp_path, "bad.yaml", text))
     assert any(expected in p for p in info.value.problems), info.value.problems
+
+
+def test_off_and_on_are_words_not_booleans(tmp_path: Path) -> None:
+    """YAML 1.2 booleans: `off` is the option's name, as users write it (not PyYAML's False)."""
+    text = "algorithm: {rollout_correction: off, routing_replay: off}\n"
+    recipe = load_recipe(write(tmp_path, "r.yaml", text), ["trainer.on_collapse=stop"])
+    assert (recipe.algorithm.rollout_correction, recipe.algorithm.routing_replay) == ("off", "off")
+    flags = load_recipe(write(tmp_path, "f.yaml", "rollout: {use_engine_logprobs: True}\n"))
+    assert flags.rollout.use_engine_logprobs is True
 
 
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
