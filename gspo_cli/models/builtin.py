@@ -69,6 +69,22 @@ def tiny_moe(tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
     return Qwen3MoeForCausalLM(config)
 
 
+@BUILTIN_MODELS.register("tiny-moe-deep")
+def tiny_moe_deep(tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
+    """Qwen3-MoE, 8 layers of 16 experts, top-2 (recipes/paper/): deep and wide enough for
+    routing to matter, small enough to train on 2 CPU cores."""
+    config = Qwen3MoeConfig(
+        intermediate_size=384,
+        moe_intermediate_size=64,
+        num_experts=16,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        **{**_SHARED, "num_hidden_layers": 8},
+        **_token_ids(tokenizer),
+    )
+    return Qwen3MoeForCausalLM(config)
+
+
 def create_builtin(name: str, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """A freshly initialised built-in model (seeded) and its offline tokenizer."""
     tokenizer = build_char_tokenizer()

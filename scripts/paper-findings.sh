@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Reproduce docs/paper-findings.md: GSPO vs GRPO vs GRPO + Routing Replay on the tiny MoE,
+# 3 seeds each, plus the stress setting (1 seed each), then `gspo compare` of each group.
+# Two runs at a time with one torch thread each (2 cores: ~40 min). Runs land in $RUNS
+# (default runs/paper); comparisons in docs/paper-findings/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-runs/paper}
+SEEDS=${SEEDS:-"1 2 3"}
+GSPO=${GSPO:-.venv/bin/gspo}
+export OMP_NUM_THREADS=1
+mkdir -p "$RUNS"
+
+jobs=()
+for recipe in gspo grpo grpo-routing-replay; do
+  for seed in $SEEDS; do jobs+=("$recipe $seed"); done
+done
+for recipe in stress-gspo stress-grpo stress-grpo-rr; do jobs+=("$recipe 1"); done
+
+run_one() {  # recipe seed: skipped when finished, resumed when cut short
+  local recipe=$1 seed=$2 out="$RUNS/$1-s$2"
+  if [[ -f $out/summary.json ]]; then return 0; fi
+  local resume=()
+  if [[ -d $out ]]; then resume=(--resume); fi
+  "$GSPO" train "recipes/paper/$recipe.yaml" --out "$out" --set "trainer.seed=$seed" \
+    --set logging.console=plain "${resume[@]}" >"$out.log" 2>&1 \
+    || { echo "FAILED: $recipe seed $seed (see $out.log)" >&2; return 1; }
+  echo "done: $recipe seed $seed"
+}
+
+running=0
+for job in "${jobs[@]}"; do
+  # shellcheck disable=SC2086
+  run_one $job &
+  running=$((running + 1))
+  if ((running == 2)); then wait -n; running=$((running - 1)); fi
+done
+wait
+
+main_runs=()
+for recipe in gspo grpo grpo-routing-replay; do
+  for seed in $SEEDS; do main_runs+=("$RUNS/$recipe-s$seed"); done
+done
+"$GSPO" compare "${main_runs[@]}" --out docs/paper-findings/main --smooth 5
+"$GSPO" compare "$RUNS"/stress-*-s1 --out docs/paper-findings/stress --smooth 5
