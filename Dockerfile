@@ -91,9 +91,13 @@ RUN --mount=type=secret,id=ca \
     && mkdir -p runs && chown gspo:gspo runs \
     && gspo --help > /dev/null
 
-# The code sandbox picks the strongest isolation that works and announces a weaker one once.
-# Inside a container bubblewrap needs user namespaces and a mountable /proc; see the README for
-# the `docker run` flags. GSPO_SANDBOX_ISOLATION=bwrap|unshare|rlimits forces a mode.
+# The code sandbox picks the strongest isolation that works and announces a weaker one on stderr
+# with the reason. Bubblewrap works here as the non-root user when the engine lets it mount a
+# fresh /proc (and, for Docker, create user namespaces); as root in a container it cannot.
+# GSPO_SANDBOX_ISOLATION=bwrap|unshare|rlimits forces a mode.
+LABEL org.opencontainers.image.title="gspo-cli" \
+      org.opencontainers.image.description="GSPO/GRPO RL post-training CLI" \
+      io.gspo-cli.sandbox="bubblewrap needs: podman run --security-opt unmask=/proc/* ; docker run --security-opt seccomp=unconfined --security-opt systempaths=unconfined --security-opt apparmor=unconfined. Without them the code sandbox falls back to rlimits (no namespaces) and says so on stderr."
 USER ${GSPO_UID}:${GSPO_UID}
 ENTRYPOINT ["gspo"]
 CMD ["--help"]
