@@ -37,7 +37,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/opt/venv/bin:$PATH
 
 # Python 3 from the base image's distribution (unpinned: the same file builds on Debian and
-# Ubuntu bases), bubblewrap for the code sandbox, util-linux for its unshare fallback, and g++
+# Ubuntu bases, whose default user holding uid 1000, e.g. `ubuntu`, makes way), bubblewrap for the code sandbox, util-linux for its unshare fallback, and g++
 # with the Python headers for the C++ ops DeepSpeed compiles on first use (its CPU engine).
 # hadolint ignore=DL3008
 RUN apt-get update \
@@ -47,6 +47,10 @@ RUN apt-get update \
     && python3 -c 'import sys; v = sys.version_info[:2]; assert (3, 11) <= v < (3, 13), \
         f"gspo-cli needs Python 3.11 or 3.12; the base image has {v}"' \
     && python3 -m venv "$VIRTUAL_ENV" \
+    && old_user="$(getent passwd "$GSPO_UID" | cut -d: -f1 || true)" \
+    && if [ -n "$old_user" ]; then userdel "$old_user"; fi \
+    && old_group="$(getent group "$GSPO_UID" | cut -d: -f1 || true)" \
+    && if [ -n "$old_group" ]; then groupdel "$old_group"; fi \
     && groupadd --gid "$GSPO_UID" gspo \
     && useradd --create-home --uid "$GSPO_UID" --gid gspo --shell /bin/bash gspo
 
