@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +19,14 @@ from gspo_cli.errors import GspoError
 from gspo_cli.recipe import Recipe, RecipeError, load_recipe
 from gspo_cli.recipe.loader import describe_error
 from gspo_cli.registry import UnknownNameError
+from gspo_cli.run_folder import COLD_START, HF_CONFIG, run_dir_of, write_error
+from gspo_cli.train.signals import (
+    INTERRUPT_EXIT,
+    Stopped,
+    eval_stop_message,
+    stop_message,
+    stop_on_signals,
+)
 
 app = typer.Typer(
     name="gspo",
@@ -77,25 +89,36 @@ def train(
 ) -> None:
     """Run RL training (cold start first when the recipe enables it)."""
     resolved = load_recipe(recipe, set_)  # a bad recipe fails before the heavy imports below
-    from gspo_cli.train.launch import launch, under_launcher
-    from gspo_cli.train.loop import train as run_training
-
-    if (nproc > 1 or hostfile) and not under_launcher():
-        if resolved.trainer.engine != "deepspeed":
-            raise GspoError("--nproc/--hostfile need trainer.engine: deepspeed in the recipe")
-        console.print(f"[bold]gspo train[/bold] {_summary(resolved)}", highlight=False)
-        raise typer.Exit(launch(recipe, set_ or [], resolved, out, resume, nproc, hostfile))
+    run_dir = run_dir_of(resolved, out)
     console.print(f"[bold]gspo train[/bold] {_summary(resolved)}", highlight=False)
-    run_training(resolved, dump_recipe_yaml(resolved), out=out, resume=resume, console=console)
+    with _stop_line(lambda: stop_message(run_dir, sys.argv[1:])):
+        from gspo_cli.train.launch import launch, rank_dies_with_launcher, under_launcher
+        from gspo_cli.train.loop import train as run_training
+
+        rank_dies_with_launcher()
+
+        if (nproc > 1 or hostfile) and not under_launcher():
+            if resolved.trainer.engine != "deepspeed":
+                raise GspoError("--nproc/--hostfile need trainer.engine: deepspeed in the recipe")
+            raise typer.Exit(launch(recipe, set_ or [], resolved, out, resume, nproc, hostfile))
+        run_training(resolved, dump_recipe_yaml(resolved), out=out, resume=resume, console=console)
 
 
 @app.command()
 def sft(recipe: RecipeArg, set_: SetOpt = None, out: OutOpt = None) -> None:
     """Only the cold start: fine-tune on worked solutions and save an HF checkpoint."""
     resolved = load_recipe(recipe, set_)  # a bad recipe fails before the heavy imports below
-    from gspo_cli.train.loop import run_sft_only
+    run_dir = run_dir_of(resolved, out)
 
-    run_sft_only(resolved, dump_recipe_yaml(resolved), out=out, console=console)
+    def stopped() -> str:
+        if (run_dir / COLD_START / HF_CONFIG).is_file():
+            return f"stopped after the cold start was saved in {run_dir / COLD_START}"
+        return f"stopped before the cold start was saved; rerun with: gspo {_argv()}"
+
+    with _stop_line(stopped), stop_on_signals(0):
+        from gspo_cli.train.loop import run_sft_only
+
+        run_sft_only(resolved, dump_recipe_yaml(resolved), out=out, console=console)
 
 
 @app.command("eval")
@@ -144,6 +167,7 @@ def eval_(
     """Evaluate a checkpoint on a benchmark: avg@k, pass@k, maj@k, Elo, with intervals."""
     from gspo_cli.eval.runner import EvalSettings, run_eval
     from gspo_cli.recipe.schema import EvalConfig
+    from gspo_cli.rewards.code.isolation import allow_weak_isolation
 
     resolved = load_recipe(recipe, set_) if recipe else _recipe_from_overrides(set_)
     cfg, verifier = resolved.eval, resolved.reward  # eval defaults; maths verifier pool size
@@ -184,7 +208,10 @@ def eval_(
         EvalConfig.model_validate({k: merged[k] for k in EvalConfig.model_fields})
     except ValidationError as exc:
         raise RecipeError("gspo eval", [describe_error(e) for e in exc.errors()]) from None
-    run_eval(settings, out or Path("evals") / settings.benchmark, resume=resume, console=console)
+    allow_weak_isolation(resolved.reward.sandbox.allow_weak_isolation)
+    folder = out or Path("evals") / settings.benchmark
+    with _stop_line(lambda: eval_stop_message(folder, sys.argv[1:])), stop_on_signals(0):
+        run_eval(settings, folder, resume=resume, console=console)
 
 
 @app.command()
@@ -213,6 +240,26 @@ def compare(
     raise typer.Exit(code)
 
 
+def _argv() -> str:
+    import shlex
+
+    return shlex.join(sys.argv[1:])
+
+
+@contextmanager
+def _stop_line(message: Callable[[], str]) -> Iterator[None]:
+    """Ctrl-C (exit 130) and SIGTERM (exit 143) end a command with one line, `message()`, which
+    says where it stopped and how to go on; never a traceback. Processes that a launcher
+    started leave the line to the launching `gspo train`."""
+    try:
+        yield
+    except (KeyboardInterrupt, Stopped) as exc:
+        code = exc.exit_code if isinstance(exc, Stopped) else INTERRUPT_EXIT
+        if "LOCAL_RANK" not in os.environ:
+            err_console.print(message(), highlight=False, soft_wrap=True, markup=False)
+        raise typer.Exit(code) from None
+
+
 def _recipe_from_overrides(overrides: list[str] | None) -> Recipe:
     """Defaults and `--set KEY=VALUE` overrides (eval.*, reward.num_workers...), no recipe file."""
     from gspo_cli.recipe import apply_override
@@ -230,13 +277,15 @@ def dump_recipe_yaml(recipe: Recipe) -> str:
 
 def _quiet_libraries() -> None:
     """Our own progress display replaces the libraries' bars and info logs."""
-    import os
 
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_VERBOSITY", "error")
     os.environ.setdefault("DATASETS_VERBOSITY", "error")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if "datasets" in sys.modules:  # imported already (a host process): the variable came late
+        sys.modules["datasets"].disable_progress_bars()
 
 
 def main() -> None:
@@ -251,6 +300,17 @@ def main() -> None:
     except (GspoError, UnknownNameError) as exc:  # unknown names come from user input too
         _error(str(exc))
         sys.exit(2)
+    except KeyboardInterrupt:  # outside a command's own stop line (e.g. during start-up)
+        sys.exit(INTERRUPT_EXIT)
+    except OSError as exc:  # a disk or folder the user must fix, wherever the write was
+        if exc.errno not in USER_ERRNOS or exc.filename is None:
+            raise
+        _error(str(write_error(exc, Path(exc.filename))))
+        sys.exit(2)
+
+
+# Write errors that are the machine's state, not a bug: full, quota, read-only, refused.
+USER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 def _error(line: str) -> None:

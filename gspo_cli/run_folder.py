@@ -33,12 +33,19 @@ one `<metric>.png` per plot.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from gspo_cli.errors import GspoError
+
+if TYPE_CHECKING:
+    from gspo_cli.recipe.schema import Recipe
 
 # Training run folder.
 RECIPE = "recipe.yaml"
@@ -61,6 +68,11 @@ EVAL_DIR = "eval"  # where a run folder keeps its eval outputs
 
 # Comparison folder.
 SUMMARY_MD = "summary.md"
+
+
+# A failed write with less than this left on its file system is reported as a full disk: some
+# writers (torch.save) lose the errno.
+LOW_SPACE_BYTES = 4 * 2**20
 
 
 def step_folder(step: int) -> str:
@@ -133,3 +145,69 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 def write_text_atomic(path: Path, text: str) -> None:
     """`write_bytes_atomic` for UTF-8 text."""
     write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def run_dir_of(recipe: Recipe, out: Path | None) -> Path:
+    """A run's folder: --out, else trainer.out_dir/NAME."""
+    return out or Path(recipe.trainer.out_dir) / recipe.name
+
+
+def has_progress(run_dir: Path) -> bool:
+    """True once a run folder holds something a rerun would lose: a checkpoint, the cold start,
+    metrics or evaluations. A folder a failed start left (a recipe.yaml) is not a run yet."""
+    marks = (run_dir / CHECKPOINTS / LATEST, run_dir / COLD_START / HF_CONFIG)
+    logs = (run_dir / METRICS, run_dir / EVALS)
+    return any(p.is_file() for p in marks) or any(p.is_file() and p.stat().st_size for p in logs)
+
+
+def check_run_folder(run_dir: Path, resume: bool) -> None:
+    """The one-line refusals of a run folder: not a folder, or a run that needs --resume."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise GspoError(f"run folder {run_dir} is a file, not a folder: choose another --out")
+    if not resume and run_dir.is_dir() and has_progress(run_dir):
+        raise GspoError(
+            f"run folder {run_dir} already exists: pass --resume to continue it, or --out"
+        )
+
+
+def out_of_space(exc: BaseException, path: Path) -> bool:
+    """Whether `exc`, raised while writing under `path`, means the disk (or quota) is full:
+    ENOSPC/EDQUOT in the exception chain or its message, or next to nothing left free (for
+    writers that lose the errno). Check before removing the partial write."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left" in str(seen) or "quota exceeded" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    try:
+        return shutil.disk_usage(path).free < LOW_SPACE_BYTES
+    except OSError:
+        return False
+
+
+def write_error(exc: OSError, path: Path) -> GspoError:
+    """A failed write under `path` as one line that names the problem and the place."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return GspoError(f"no space left on {path}")
+    if exc.errno == errno.EROFS:
+        return GspoError(f"cannot write in {path}: read-only file system")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return GspoError(f"cannot write in {path}: permission denied")
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+        return GspoError(f"cannot create folder {path}: a file is in the way")
+    return GspoError(f"cannot write in {path}: {exc.strerror or exc}")
+
+
+def remove_partial(tmp: Path, exc: BaseException, where: Path) -> GspoError | None:
+    """Remove a staging folder a failed write left; the one-line error for a full disk (or a
+    refused write), else None (re-raise the original). Disk-full is judged before the removal
+    frees the space."""
+    full = isinstance(exc, Exception) and out_of_space(exc, where)  # not for Ctrl-C
+    shutil.rmtree(tmp, ignore_errors=True)
+    if full:
+        return GspoError(f"no space left on {where}")
+    if isinstance(exc, OSError) and exc.errno:
+        return write_error(exc, where)
+    return None

@@ -54,3 +54,11 @@ def invoke_cli(*args: str) -> subprocess.CompletedProcess[str]:
     finally:
         sys.argv = argv
     return subprocess.CompletedProcess(["gspo", *args], code, out.getvalue(), err.getvalue())
+
+
+def interruptible() -> None:
+    """`preexec_fn` for a child a test sends Ctrl-C: a shell starts background jobs (and CI
+    may start its runner) with SIGINT ignored, which a child would inherit and keep."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -4,6 +4,7 @@ hub id. This module owns the source prefixes and parses them; it imports no torc
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +35,10 @@ def load_rows(source: str, split: str, cfg: DataConfig) -> list[dict[str, Any]]:
         task = source.removeprefix(BUILTIN_TASK_PREFIX)
         if task != "arithmetic":
             raise GspoError(f"data.source: unknown built-in task {task!r}; known: arithmetic")
-        return arithmetic_split(cfg.arithmetic, split, cfg.seed)
+        try:
+            return arithmetic_split(cfg.arithmetic, split, cfg.seed)
+        except ValueError as exc:
+            raise GspoError(f"data: {exc}") from None
     benchmark = split_benchmark_source(source)
     if benchmark is not None:
         return benchmark_rows(*benchmark)
@@ -50,6 +54,32 @@ def load_rows(source: str, split: str, cfg: DataConfig) -> list[dict[str, Any]]:
     return [
         {**row, "prompt": row[cfg.prompt_column], "answer": row[cfg.answer_column]} for row in rows
     ]
+
+
+def has_splits(source: str) -> bool:
+    """False for a local file and a benchmark: source, which have one set of rows only."""
+    if source.startswith(BUILTIN_TASK_PREFIX):
+        return True
+    return split_benchmark_source(source) is None and not Path(source).expanduser().is_file()
+
+
+def carve_heldout(
+    rows: list[dict[str, Any]], count: int, seed: int, source: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(training rows, held-out rows) of one set of rows: `count` distinct prompts drawn with
+    `seed` are held out (one row each), and every row asking one of them leaves training, so
+    no held-out question is ever trained on, even when the file repeats it."""
+    prompts = list(dict.fromkeys(str(r["prompt"]) for r in rows))
+    if 2 * count > len(prompts):
+        raise GspoError(
+            f"data: {source} has {len(prompts)} distinct prompts; holding out {count} "
+            "(data.heldout_size, else eval.num_problems) would leave fewer to train on: lower "
+            "it, or name held-out data in data.eval_source"
+        )
+    held = set(random.Random(seed).sample(prompts, count))
+    first = {p: i for i, p in reversed(list(enumerate(str(r["prompt"]) for r in rows)))}
+    heldout = [rows[first[p]] for p in prompts if p in held]
+    return [r for r in rows if str(r["prompt"]) not in held], heldout
 
 
 def benchmark_rows(name: str, path: str | None = None) -> list[dict[str, Any]]:

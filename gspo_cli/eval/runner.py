@@ -36,6 +36,7 @@ from gspo_cli.run_folder import (
     SETTINGS,
     append_jsonl,
     read_jsonl,
+    write_error,
     write_text_atomic,
 )
 
@@ -86,7 +87,7 @@ def run_eval(
         except ValueError as exc:
             raise GspoError(f"--standings: {exc}") from None
     done = _prepare_out(out, settings, resume)
-    model, tokenizer = load_policy(model_path)
+    model, tokenizer = load_policy(model_path, what="checkpoint")
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     engine = (engine_factory or _registered_engine(settings))(model, tokenizer)
     params = SamplingParams(
@@ -216,19 +217,28 @@ def _evaluate_batch(
 
 
 def _prepare_out(out: Path, settings: EvalSettings, resume: bool) -> dict[str, dict[str, Any]]:
-    """Finished problems by id (resume), after checking the settings match the earlier run."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Finished problems by id (resume), after checking the settings match the earlier run.
+
+    A folder with settings but no finished problem (a failed start) is not an evaluation yet:
+    it never blocks a rerun."""
+    if out.exists() and not out.is_dir():
+        raise GspoError(f"--out {out} is a file, not a folder")
     settings_file = out / SETTINGS
     wanted = json.dumps(asdict(settings), indent=2, sort_keys=True)
-    if settings_file.is_file():
+    started = bool(read_jsonl(out / SAMPLES)) or (out / RESULTS).is_file()
+    if started and settings_file.is_file():
         if not resume:
             raise GspoError(f"{out} already holds an evaluation: pass --resume, or another --out")
         if settings_file.read_text(encoding="utf-8") != wanted:
             raise GspoError(f"--resume: the settings differ from the ones in {settings_file}")
-    write_text_atomic(settings_file, wanted)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(settings_file, wanted)
+    except OSError as exc:
+        raise write_error(exc, out) from None
     done: dict[str, dict[str, Any]] = {}
     # A line a kill cut short is skipped by read_jsonl: that problem runs again.
-    for record in read_jsonl(out / SAMPLES) if resume else []:
+    for record in read_jsonl(out / SAMPLES) if resume and started else []:
         if "id" in record:
             done[record["id"]] = record
     return done

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -34,18 +35,24 @@ def disable_dropout(model: PreTrainedModel) -> PreTrainedModel:
 
 
 def load_policy(
-    path: str, *, dtype: str = "float32", seed: int = 0, trust_remote_code: bool = False
+    path: str,
+    *,
+    dtype: str = "float32",
+    seed: int = 0,
+    trust_remote_code: bool = False,
+    what: str = "model.path",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The model and its tokenizer; a problem becomes one GspoError line naming the path."""
+    """The model and its tokenizer; a problem becomes one GspoError line naming `what` (the
+    recipe key or argument) and the path."""
     if path.startswith(BUILTIN_MODEL_PREFIX):
         try:
             model, tokenizer = create_builtin(path.removeprefix(BUILTIN_MODEL_PREFIX), seed)
         except KeyError as exc:
-            raise GspoError(f"model.path: {exc}") from None
+            raise GspoError(f"{what}: {exc}") from None
         return disable_dropout(model.to(DTYPES[dtype])), tokenizer
     local = Path(path).expanduser()
     if path.startswith(("/", ".", "~")) and not local.exists():
-        raise GspoError(f"model.path: no such folder: {path}")
+        raise GspoError(f"{what}: no such folder: {path}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(local) if local.exists() else path)
         model = AutoModelForCausalLM.from_pretrained(
@@ -53,9 +60,11 @@ def load_policy(
             dtype=DTYPES[dtype],
             trust_remote_code=trust_remote_code,
         )
+    except SafetensorError as exc:  # a truncated or damaged weights file
+        raise GspoError(f"{what}: the weights in {path} are damaged or truncated ({exc})") from None
     except (OSError, ValueError, RuntimeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise GspoError(f"model.path: cannot load {path!r}: {first}") from None
+        raise GspoError(f"{what}: cannot load {path!r}: {first}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
+from string import Formatter
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gspo_cli.data.sources import split_benchmark_source
+from gspo_cli.run_folder import HF_CONFIG
 
 LOCAL_DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".yaml", ".yml")
 
@@ -73,6 +75,35 @@ class ModelConfig(Section):
 
     _path_exists = field_validator("path")(check_exists)
 
+    @field_validator("path")
+    @classmethod
+    def _hf_folder(cls, path: str) -> str:
+        """A local model folder must be an HF checkpoint: loading it fails otherwise, late."""
+        local = Path(path).expanduser()
+        if looks_local(path) and local.exists() and not (local / HF_CONFIG).is_file():
+            kind = "folder" if local.is_dir() else "file"
+            raise ValueError(f"{path} is a {kind} without config.json, not an HF checkpoint")
+        return path
+
+
+def check_template(template: str) -> str:
+    """`{prompt}` must appear and be the only field; literal braces are doubled."""
+    hint = "the only field is {prompt}; write a literal brace as {{ or }}"
+    try:
+        fields = [f for _, f, _, _ in Formatter().parse(template) if f is not None]
+        unknown = [f for f in fields if f != "prompt"]
+        if unknown:
+            raise ValueError(f"unknown field {{{unknown[0]}}}: {hint}")
+        template.format(prompt="")  # what parse lets through, e.g. a field in a format spec
+    except KeyError as exc:
+        raise ValueError(f"unknown field {{{exc.args[0]}}}: {hint}") from None
+    except (IndexError, ValueError) as exc:
+        problem = str(exc) if "unknown field" in str(exc) else f"bad brace ({exc}): {hint}"
+        raise ValueError(problem) from None
+    if not fields:
+        raise ValueError("must contain {prompt}, where the question goes")
+    return template
+
 
 class ArithmeticTaskConfig(Section):
     num_train: int = Field(4000, ge=1, description="Problems in the built-in training split.")
@@ -105,14 +136,17 @@ class DataConfig(Section):
     )
     split: str = Field("train", description="Split to train on (files have only 'train').")
     eval_source: str | None = Field(
-        None, description="Held-out data (same forms as source); None uses the built-in split."
+        None,
+        description="Held-out data (same forms as source). None: the eval_split of source, or, "
+        "for a source without splits (a local file, benchmark:), rows carved out of training.",
     )
     eval_split: str = Field("test", description="Split of eval_source used for held-out accuracy.")
     prompt_column: str = Field("prompt", description="Column holding the question.")
     answer_column: str = Field("answer", description="Column holding the reference answer.")
     prompt_template: str = Field(
         "{prompt}\nPut the final answer in \\boxed{{}}.",
-        description="Format string applied to each question before the chat template.",
+        description="Format string applied to each question before the chat template: {prompt} "
+        "is the question, the only field; literal braces are doubled ({{ }}).",
     )
     max_prompt_tokens: int = Field(256, ge=8, description="Longer prompts are dropped.")
     arithmetic: ArithmeticTaskConfig = Field(
@@ -120,7 +154,16 @@ class DataConfig(Section):
     )
     seed: int = Field(1234, description="Seed of the built-in task generator and shuffling.")
 
+    heldout_size: int | None = Field(
+        None,
+        ge=1,
+        description="Rows carved (seeded by data.seed) out of a source without splits for "
+        "held-out accuracy and never trained on, when eval_source is unset; None: "
+        "eval.num_problems.",
+    )
+
     _paths_exist = field_validator("source", "eval_source")(check_exists)
+    _template = field_validator("prompt_template")(check_template)
 
 
 class VLLMConfig(Section):
@@ -210,6 +253,13 @@ class RewardFunctionConfig(Section):
         return self
 
 
+class SandboxConfig(Section):
+    allow_weak_isolation: bool = Field(
+        False,
+        description="Judge code without bubblewrap (unshare or rlimits isolation), if need be.",
+    )
+
+
 class RewardConfig(Section):
     functions: list[RewardFunctionConfig] = Field(
         default_factory=lambda: [RewardFunctionConfig(name="math")],
@@ -218,6 +268,9 @@ class RewardConfig(Section):
     )
     num_workers: int = Field(2, ge=1, description="Processes that score completions.")
     timeout_s: float = Field(5.0, gt=0, description="Per-completion timeout of the verifier.")
+    sandbox: SandboxConfig = Field(
+        default_factory=SandboxConfig, description="The code sandbox's isolation policy."
+    )
 
 
 class AlgorithmConfig(Section):
@@ -311,6 +364,12 @@ class TrainerConfig(Section):
         0.5, gt=0, le=1, description="Learning-rate multiplier applied at each rollback."
     )
     max_rollbacks: int = Field(2, ge=0, description="Rollbacks before a collapse stops the run.")
+    stop_grace_s: float = Field(
+        20.0,
+        ge=0,
+        description="On SIGTERM, stop at the next step boundary with a checkpoint if one comes "
+        "within this many seconds, else stop at once (0: at once).",
+    )
 
 
 class DeepSpeedConfig(Section):

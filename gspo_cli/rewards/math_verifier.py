@@ -8,6 +8,7 @@ pool is replaced: a bad answer never stops training.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 from concurrent.futures import CancelledError, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
@@ -15,6 +16,7 @@ from typing import Any
 
 from gspo_cli.rewards.extract import last_boxed
 from gspo_cli.rewards.registry import REWARDS
+from gspo_cli.workers import pool_worker_init
 
 # The outer deadline allows Math-Verify's own parse + verify timeouts to fire first.
 OUTER_DEADLINE_FACTOR = 3.0
@@ -55,8 +57,14 @@ class MathVerifierPool:
             # fork, not spawn: spawn re-imports the caller's __main__ (a script, a notebook,
             # stdin), which breaks in many real set-ups. The children only run sympy-based
             # Math-Verify and never touch torch, whose threads are the usual fork hazard.
+            # Workers die with the trainer and leave Ctrl-C to it (gspo_cli/workers.py).
             ctx = mp.get_context("fork")
-            self._pool = ProcessPoolExecutor(self.num_workers, mp_context=ctx)
+            self._pool = ProcessPoolExecutor(
+                self.num_workers,
+                mp_context=ctx,
+                initializer=pool_worker_init,
+                initargs=(os.getpid(),),
+            )
         return self._pool
 
     def score(self, completions: list[str], answers: list[str]) -> list[float]:

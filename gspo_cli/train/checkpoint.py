@@ -21,8 +21,10 @@ from gspo_cli.run_folder import (
     LATEST,
     STEP_GLOB,
     TRAINER_STATE,
+    remove_partial,
     staging,
     step_folder,
+    write_error,
     write_text_atomic,
 )
 from gspo_cli.train.distributed import LOCAL, DistContext
@@ -72,17 +74,21 @@ def save_checkpoint(
     final = root / step_folder(step)
     tmp = root / staging(final.name)
     if ctx.is_main:
-        root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+        try:
+            tmp.mkdir(parents=True)
+        except OSError as exc:
+            raise write_error(exc, root) from None
     ctx.barrier()
-    engine.save_model(tmp, tokenizer)
-    engine.save_state(tmp)
+    try:
+        _write(tmp, step, engine, tokenizer, state, ctx)
+    except BaseException as exc:
+        # A full disk must not leave a half-written folder behind, nor a traceback.
+        problem = remove_partial(tmp, exc, root) if ctx.is_main else None
+        if problem is None:
+            raise
+        raise GspoError(f"{problem}: checkpoint {final.name} not saved ({kept(root)})") from None
     if ctx.is_main:
-        torch.save({**state, "step": step, "rng": rng_state()}, tmp / TRAINER_STATE)
-    ctx.barrier()
-    if ctx.is_main:
-        _fsync_tree(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
@@ -91,6 +97,31 @@ def save_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
     ctx.barrier()
     return final
+
+
+def _write(
+    tmp: Path,
+    step: int,
+    engine: TrainEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    state: dict[str, Any],
+    ctx: DistContext,
+) -> None:
+    engine.save_model(tmp, tokenizer)
+    engine.save_state(tmp)
+    if ctx.is_main:
+        torch.save({**state, "step": step, "rng": rng_state()}, tmp / TRAINER_STATE)
+    ctx.barrier()
+    if ctx.is_main:
+        _fsync_tree(tmp)
+
+
+def kept(root: Path) -> str:
+    """What a resume would use after a failed save, for the error line."""
+    pointer = root / LATEST
+    if not pointer.is_file():
+        return "there is no earlier checkpoint"
+    return f"{pointer.read_text(encoding='utf-8').strip()} is intact"
 
 
 def latest_checkpoint(root: Path, *, cleanup: bool = True) -> Path | None:

@@ -128,7 +128,9 @@ class DeepSpeedEngine:
         if not self.ds.was_step_applied():
             raise RuntimeError("DeepSpeed did not step at the minibatch boundary")
         norm = self.ds.get_global_grad_norm()
-        grad_norm = float(norm) if norm is not None else float("nan")
+        if norm is None:  # ZeRO-0 computes no global norm: nothing to check here
+            return float("nan"), True
+        grad_norm = float(norm)
         if not math.isfinite(grad_norm):
             raise GspoError(
                 "DeepSpeed applied an update with a non-finite gradient norm; resume from the "

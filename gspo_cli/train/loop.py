@@ -20,6 +20,7 @@ from rich.console import Console
 
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
+from gspo_cli.rewards.code.isolation import allow_weak_isolation
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.run_folder import CHECKPOINTS, COLD_START, SAMPLES, SUMMARY, write_text_atomic
@@ -27,7 +28,6 @@ from gspo_cli.train.checkpoint import (
     checkpoint_at_or_before,
     load_trainer_state,
     roll_back_to,
-    save_checkpoint,
     set_rng_state,
 )
 from gspo_cli.train.console import TrainingDisplay
@@ -38,6 +38,7 @@ from gspo_cli.train.run_log import RunLog
 from gspo_cli.train.setup import (
     Problems,
     eval_params,
+    heldout_note,
     heldout_problems,
     load_problems,
     load_recipe_model,
@@ -46,6 +47,7 @@ from gspo_cli.train.setup import (
     resolve_device,
     run_cold_start,
 )
+from gspo_cli.train.signals import stop_on_signals
 from gspo_cli.train.step import rl_step
 
 
@@ -64,11 +66,13 @@ def train(
     resume: bool = False,
     console: Console | None = None,
 ) -> TrainResult:
-    run = prepare_run(recipe, recipe_yaml, out, resume, console)
-    try:
-        return run_loop(run)
-    finally:
-        run.close()
+    # SIGTERM asks for a stop at the next step boundary (train/signals.py), from here on.
+    with stop_on_signals(recipe.trainer.stop_grace_s) as stop:
+        run = prepare_run(recipe, recipe_yaml, out, resume, console, stop)
+        try:
+            return run_loop(run)
+        finally:
+            run.close()
 
 
 def _evaluate(run: PreparedRun, step: int) -> float:
@@ -112,7 +116,7 @@ def run_loop(run: PreparedRun) -> TrainResult:
         guard.detector.observe_heldout(0, result.heldout[0])
     steps, step = trainer.steps, run.start
     if trainer.on_collapse == "rollback" and step == 0:  # something to roll back to from step 1
-        _save(run, 0)
+        run.save_checkpoint(0)
     with TrainingDisplay(run.console, steps, run.start, recipe.logging.console) as display:
         while step < steps:
             step += 1
@@ -135,19 +139,12 @@ def run_loop(run: PreparedRun) -> TrainResult:
                     guard.restarted()
                     continue
             if step % trainer.checkpoint_every == 0 or step == steps:
-                _save(run, step)
+                run.save_checkpoint(step)
             result.steps_done = step
+            run.stop_at_boundary(step)  # SIGTERM: checkpoint this step (unless just saved), stop
     if ctx.is_main:
         _finish(run.console, run.run_dir, result, run.log.events())
     return result
-
-
-def _save(run: PreparedRun, step: int) -> None:
-    state = {"sampler": run.sampler.state_dict(), "world": run.ctx.world}
-    keep = run.recipe.trainer.keep_checkpoints
-    save_checkpoint(
-        run.run_dir / CHECKPOINTS, step, run.engine, run.tokenizer, state, keep, run.ctx
-    )
 
 
 def _one_step(run: PreparedRun, step: int, rollbacks: int) -> tuple[Any, dict[str, float]]:
@@ -271,11 +268,14 @@ def run_sft_only(
 ) -> Path:
     """`gspo sft`: the cold start alone, saved as an HF checkpoint, with held-out accuracy."""
     console = console or Console()
+    allow_weak_isolation(recipe.reward.sandbox.allow_weak_isolation)  # held-out code problems
     run_dir = prepare_run_dir(recipe, out, False, recipe_yaml)
     device = resolve_device(recipe.trainer.device)
     model, tokenizer = load_recipe_model(recipe)
     train_set = load_problems(recipe, tokenizer, "train")
     eval_problems = heldout_problems(recipe, tokenizer)
+    if (note := heldout_note(recipe, train_set)) is not None:
+        console.print(note, highlight=False, soft_wrap=True)
     model = run_cold_start(recipe, model.to(device), tokenizer, train_set, run_dir, console).to(
         device
     )

@@ -7,6 +7,7 @@ pool, the run log) is closed by `PreparedRun.close`.
 from __future__ import annotations
 
 import copy
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,12 @@ from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
-from gspo_cli.run_folder import CHECKPOINTS, COLD_START, LATEST
+from gspo_cli.run_folder import CHECKPOINTS, COLD_START, HF_CONFIG, LATEST, run_dir_of, step_folder
 from gspo_cli.train.checkpoint import (
     checkpoint_at_or_before,
     latest_checkpoint,
     load_trainer_state,
+    save_checkpoint,
     set_rng_state,
 )
 from gspo_cli.train.distributed import (
@@ -41,6 +43,7 @@ from gspo_cli.train.run_log import RunLog, start_wandb
 from gspo_cli.train.sampler import PromptSampler
 from gspo_cli.train.setup import (
     Problems,
+    heldout_note,
     heldout_problems,
     load_problems,
     load_recipe_model,
@@ -48,6 +51,7 @@ from gspo_cli.train.setup import (
     resolve_device,
     run_cold_start,
 )
+from gspo_cli.train.signals import Stopped, StopRequest
 from gspo_cli.train.step import StepSettings
 
 
@@ -70,17 +74,50 @@ class PreparedRun:
     log: RunLog
     settings: StepSettings
     start: int  # the last step already done (0 for a new run)
+    stop: StopRequest  # set by SIGTERM; see stop_at_boundary
 
     def close(self) -> None:
         self.log.close()
         self.math_pool.close()
         self.rollout_engine.close()
 
+    def save_checkpoint(self, step: int) -> Path:
+        """Checkpoint `step`: weights, optimizer, sampler position and RNG (all ranks call it)."""
+        state = {"sampler": self.sampler.state_dict(), "world": self.ctx.world}
+        return save_checkpoint(
+            self.run_dir / CHECKPOINTS,
+            step,
+            self.engine,
+            self.tokenizer,
+            state,
+            self.recipe.trainer.keep_checkpoints,
+            self.ctx,
+        )
+
+    def stop_at_boundary(self, step: int) -> None:
+        """The loop's SIGTERM hook, called on every rank once step `step` is done (after its own
+        checkpoint, if any): when a stop was asked on any rank, checkpoint `step` unless it just
+        was, then raise Stopped. Does nothing otherwise (one all-reduce with several ranks)."""
+        if not self.stop.agreed(self.ctx):
+            return
+        self.stop.stopping()
+        latest = latest_checkpoint(self.run_dir / CHECKPOINTS, cleanup=False)
+        if latest is None or latest.name != step_folder(step):
+            self.save_checkpoint(step)
+        raise Stopped(self.stop.signum or signal.SIGTERM)
+
 
 def prepare_run(
-    recipe: Recipe, recipe_yaml: str, out: Path | None, resume: bool, console: Console | None
+    recipe: Recipe,
+    recipe_yaml: str,
+    out: Path | None,
+    resume: bool,
+    console: Console | None,
+    stop: StopRequest | None = None,
 ) -> PreparedRun:
-    """Processes, run folder, model (after the cold start), engines, rewards and resume state."""
+    """Processes, run folder, model (after the cold start), engines, rewards and resume state.
+
+    `stop` is the SIGTERM request the loop polls (`stop_on_signals`); None: never set."""
     ctx = context_from_env()
     device = resolve_device(recipe.trainer.device, ctx.local_rank)
     if ctx.world > 1 and recipe.trainer.engine != "deepspeed":
@@ -95,6 +132,8 @@ def prepare_run(
     model, tokenizer = load_recipe_model(recipe)
     train_set = load_problems(recipe, tokenizer, "train")
     eval_problems = heldout_problems(recipe, tokenizer)
+    if (note := heldout_note(recipe, train_set)) is not None:
+        console.print(note, highlight=False, soft_wrap=True)
     model = _after_cold_start(recipe, model.to(device), tokenizer, train_set, run_dir, ctx, console)
     model.to(device)
     if recipe.model.gradient_checkpointing:
@@ -116,7 +155,7 @@ def prepare_run(
     reward = RewardModel(recipe.reward, RewardServices(math_pool=math_pool))
     sampler = PromptSampler(len(train_set.rows), recipe.data.seed + recipe.trainer.seed)
     log = RunLog(run_dir, _wandb(recipe, run_dir) if ctx.is_main else None, enabled=ctx.is_main)
-    start = _resume(run_dir, engine, sampler, log, ctx) if resume else 0
+    start = _resume(run_dir, engine, sampler, log, ctx, console) if resume else 0
     if not resume:
         torch.manual_seed(recipe.trainer.seed)
     settings = StepSettings(
@@ -129,6 +168,7 @@ def prepare_run(
     return PreparedRun(
         recipe, ctx, device, run_dir, console, tokenizer, train_set, eval_problems, engine,
         rollout_engine, ref_engine, reward, math_pool, sampler, log, settings, start,
+        stop or StopRequest(),
     )  # fmt: skip
 
 
@@ -149,7 +189,7 @@ def rollout_params(recipe: Recipe) -> SamplingParams:
 def _run_dir(
     recipe: Recipe, out: Path | None, resume: bool, recipe_yaml: str, ctx: DistContext
 ) -> Path:
-    run_dir = out or Path(recipe.trainer.out_dir) / recipe.name
+    run_dir = run_dir_of(recipe, out)
     if ctx.is_main:
         prepare_run_dir(recipe, run_dir, resume, recipe_yaml)
     ctx.barrier()
@@ -192,7 +232,12 @@ def _wandb(recipe: Recipe, run_dir: Path) -> Any:
 
 
 def _resume(
-    run_dir: Path, engine: TrainEngine, sampler: PromptSampler, log: RunLog, ctx: DistContext
+    run_dir: Path,
+    engine: TrainEngine,
+    sampler: PromptSampler,
+    log: RunLog,
+    ctx: DistContext,
+    console: Console,
 ) -> int:
     root = run_dir / CHECKPOINTS
     if ctx.is_main:
@@ -200,6 +245,10 @@ def _resume(
     ctx.barrier()
     folder = latest_checkpoint(root, cleanup=False)
     if folder is None:  # killed before the first checkpoint: start over, keep the cold start
+        kept = " (the cold start is kept)" if (run_dir / COLD_START / HF_CONFIG).is_file() else ""
+        console.print(
+            f"no checkpoint in {root}: starting from step 0{kept}", highlight=False, soft_wrap=True
+        )
         log.truncate_after(-1)
         return 0
     state = load_trainer_state(folder)

@@ -7,6 +7,7 @@ from typing import Any
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import RewardConfig
 from gspo_cli.rewards.binding import BoundReward, RewardServices, bind_reward
+from gspo_cli.rewards.code.isolation import allow_weak_isolation, checked_mode
 
 
 class RewardModel:
@@ -17,6 +18,9 @@ class RewardModel:
     """
 
     def __init__(self, cfg: RewardConfig, services: RewardServices) -> None:
+        allow_weak_isolation(cfg.sandbox.allow_weak_isolation)
+        if any(f.name == "code" for f in cfg.functions):
+            checked_mode()  # no usable sandbox: one line now, not after the model has loaded
         try:
             self.functions: list[tuple[BoundReward, float]] = [
                 (bind_reward(f.name, f.options, services), f.weight) for f in cfg.functions

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import resource
+import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,11 +17,24 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gspo_cli.data import load_rows, render_prompt
 from gspo_cli.data.benchmarks import build_prompt, load_benchmark
 from gspo_cli.data.problems import Problem
+from gspo_cli.data.sources import carve_heldout, has_splits
 from gspo_cli.errors import GspoError
 from gspo_cli.models import load_policy
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rollout import SamplingParams
-from gspo_cli.run_folder import COLD_START, HF_CONFIG, RECIPE, staging, write_text_atomic
+from gspo_cli.run_folder import (
+    CHECKPOINTS,
+    COLD_START,
+    HF_CONFIG,
+    LATEST,
+    RECIPE,
+    check_run_folder,
+    remove_partial,
+    run_dir_of,
+    staging,
+    write_error,
+    write_text_atomic,
+)
 from gspo_cli.train.console import PhaseProgress
 from gspo_cli.train.heldout import rows_as_problems
 from gspo_cli.train.sft import cold_start
@@ -51,11 +65,9 @@ def load_recipe_model(recipe: Recipe) -> tuple[PreTrainedModel, PreTrainedTokeni
 
 
 def load_problems(recipe: Recipe, tokenizer: PreTrainedTokenizerBase, split: str) -> Problems:
+    """The training rows (`split` "train") or the held-out rows (any other), as token ids."""
     data = recipe.data
-    if split == "train":
-        rows = load_rows(data.source, data.split, data)
-    else:
-        rows = load_rows(data.eval_source or data.source, data.eval_split, data)
+    rows = heldout_rows(recipe) if split != "train" else training_rows(recipe)
     if not rows:
         raise GspoError(f"data: the {split} split is empty")
     prompts = [render_prompt(tokenizer, str(r["prompt"]), data.prompt_template) for r in rows]
@@ -67,8 +79,50 @@ def load_problems(recipe: Recipe, tokenizer: PreTrainedTokenizerBase, split: str
     return Problems([rows[i] for i in keep], [prompts[i] for i in keep])
 
 
+def carves_heldout(recipe: Recipe) -> bool:
+    """True when the held-out rows would otherwise be training rows (the same source without
+    splits, or the same split), so they are carved out of training instead."""
+    data = recipe.data
+    if recipe.eval.benchmark or (data.eval_source or data.source) != data.source:
+        return False
+    return not has_splits(data.source) or data.eval_split == data.split
+
+
+def _carved(recipe: Recipe) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    data = recipe.data
+    count = data.heldout_size or recipe.eval.num_problems
+    rows = load_rows(data.source, data.split, data)
+    return carve_heldout(rows, count, data.seed, data.source)
+
+
+def training_rows(recipe: Recipe) -> list[dict[str, Any]]:
+    data = recipe.data
+    if carves_heldout(recipe):
+        return _carved(recipe)[0]
+    return load_rows(data.source, data.split, data)
+
+
+def heldout_rows(recipe: Recipe) -> list[dict[str, Any]]:
+    data = recipe.data
+    if carves_heldout(recipe):
+        return _carved(recipe)[1]
+    return load_rows(data.eval_source or data.source, data.eval_split, data)
+
+
+def heldout_note(recipe: Recipe, train_set: Problems) -> str | None:
+    """The line that says held-out rows were carved out of training, and how many."""
+    if not carves_heldout(recipe):
+        return None
+    data = recipe.data
+    count = data.heldout_size or recipe.eval.num_problems
+    return (
+        f"held-out: {count} prompts of {data.source} set aside (data.seed {data.seed}) and not "
+        f"trained on; {len(train_set.rows)} training rows"
+    )
+
+
 def heldout_problems(recipe: Recipe, tokenizer: PreTrainedTokenizerBase) -> list[Problem]:
-    """What periodic evaluation runs on: eval.benchmark when set, else the held-out split."""
+    """What periodic evaluation runs on: eval.benchmark when set, else the held-out rows."""
     cfg = recipe.eval
     if cfg.benchmark:
         problems = load_benchmark(
@@ -97,7 +151,9 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 # What may change when a run is resumed: how long it runs and how it reports.
-RESUMABLE_CHANGES = {"trainer.steps", "logging.console", "logging.wandb", "eval.every"}
+RESUMABLE_CHANGES = {
+    "trainer.steps", "trainer.stop_grace_s", "logging.console", "logging.wandb", "eval.every",
+}  # fmt: skip
 
 
 def _changed_keys(old: Any, new: Any, prefix: str = "") -> set[str]:
@@ -107,23 +163,45 @@ def _changed_keys(old: Any, new: Any, prefix: str = "") -> set[str]:
     return set() if old == new else {prefix.rstrip(".")}
 
 
+# What the cold start was made from (whole sections end in "."): a run that keeps its cold
+# start must not change these.
+COLD_START_INPUTS = (
+    "model.", "data.", "cold_start.", "trainer.seed", "eval.num_problems", "eval.benchmark",
+)  # fmt: skip
+
+
 def prepare_run_dir(recipe: Recipe, out: Path | None, resume: bool, recipe_yaml: str) -> Path:
-    """Create (or, with resume, check) the run folder and save the resolved recipe in it."""
-    run_dir = out or Path(recipe.trainer.out_dir) / recipe.name
-    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
-        raise GspoError(
-            f"run folder {run_dir} already exists: pass --resume to continue it, or --out"
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """Create (or, with resume, check) the run folder and save the resolved recipe in it.
+
+    A folder a failed start left (no checkpoint, cold start, metrics) never blocks a rerun."""
+    run_dir = run_dir_of(recipe, out)
+    check_run_folder(run_dir, resume)
     saved = run_dir / RECIPE
     if resume and saved.is_file():
-        changed = _changed_keys(
-            yaml.safe_load(saved.read_text(encoding="utf-8")), yaml.safe_load(recipe_yaml)
-        )
+        _check_resumable(run_dir, saved, recipe_yaml)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(saved, recipe_yaml)
+    except OSError as exc:
+        raise write_error(exc, run_dir) from None
+    return run_dir
+
+
+def _check_resumable(run_dir: Path, saved: Path, recipe_yaml: str) -> None:
+    """What --resume reuses must come from the same recipe: all of it with a checkpoint, the
+    cold start's inputs with only a cold start, nothing otherwise."""
+    old = yaml.safe_load(saved.read_text(encoding="utf-8"))
+    changed = _changed_keys(old, yaml.safe_load(recipe_yaml))
+    if (run_dir / CHECKPOINTS / LATEST).is_file():
         if changed - RESUMABLE_CHANGES:
             raise GspoError(f"--resume: {', '.join(sorted(changed))} differ from {saved}")
-    write_text_atomic(saved, recipe_yaml)
-    return run_dir
+    elif (run_dir / COLD_START / HF_CONFIG).is_file():
+        stale = sorted(k for k in changed if k.startswith(COLD_START_INPUTS))
+        if stale:
+            raise GspoError(
+                f"--resume: {', '.join(stale)} differ from {saved}, and the cold start in "
+                f"{run_dir / COLD_START} was made with them: remove that folder to redo it"
+            )
 
 
 def run_cold_start(
@@ -153,11 +231,25 @@ def run_cold_start(
             recipe.trainer.seed,
             on_step=lambda step, loss: progress.update(step, f"loss {loss:.3f}"),
         )
-    tmp = run_dir / staging(COLD_START)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(folder)
+    _save_cold_start(model, tokenizer, run_dir)
     display.print(
         f"cold start done in {time.perf_counter() - t0:.0f}s, final loss {losses[-1]:.3f}"
     )
     return model
+
+
+def _save_cold_start(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, run_dir: Path
+) -> None:
+    """Written under a staging name and renamed: a kill or a full disk leaves no half folder."""
+    tmp = run_dir / staging(COLD_START)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(run_dir / COLD_START)
+    except BaseException as exc:
+        problem = remove_partial(tmp, exc, run_dir)
+        if problem is None:
+            raise
+        raise GspoError(f"{problem}: the cold start was not saved") from None

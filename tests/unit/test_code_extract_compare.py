@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import pickle
+import tracemalloc
 import zlib
 from pathlib import Path
 
@@ -63,7 +64,8 @@ def test_tag_variants_and_indented_fences() -> None:
         ("0.3333333", "0.333333333"),
         ("1e3", "1000.0"),
         ("007", "7"),
-        ("-0.0", "0"),
+        ("-0", "0"),
+        ("0.5000000001", "0.5"),
     ],
 )
 def test_outputs_that_match(got: str, want: str) -> None:
@@ -79,6 +81,10 @@ def test_outputs_that_match(got: str, want: str) -> None:
         ("1\n2", "1 2"),
         ("0.3334", "0.3333"),
         ("1000000000000000001", "1000000000000000000"),  # integers never get a tolerance
+        ("998244000.0", "998244353"),  # a float within 1e-6 of an expected integer: wrong
+        ("998244353.0", "998244353"),  # an expected integer needs an integer token
+        ("-0.0", "0"),
+        ("1e3", "1000"),
         ("nan", "NaN"),
         ("inf", "inf0"),
         ("", "0"),
@@ -86,6 +92,21 @@ def test_outputs_that_match(got: str, want: str) -> None:
 )
 def test_outputs_that_differ(got: str, want: str) -> None:
     assert not compare_stdout(got, want)
+
+
+def test_a_flood_of_lines_or_tokens_is_compared_without_splitting_it() -> None:
+    flood = "1\n" * 2_800_000
+    wide, other = "1 " * 2_800_000, flood.replace("1", "2", 1)
+    tracemalloc.start()
+    try:
+        assert not compare_stdout(flood, "1\n")  # the line counts differ
+        assert not compare_stdout(wide, "1 1")  # one line, far too many tokens
+        assert not compare_stdout(flood, other)  # as many lines, the first differs
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # At most the two stripped copies; a list of 2.8M line strings alone would be ~50x that.
+    assert peak < 2.5 * len(flood)
 
 
 def test_numbers_close_rejects_non_numbers_and_huge_tokens() -> None:

@@ -18,12 +18,14 @@ import pytest
 
 from gspo_cli.rewards.code import JudgePool, judge_completions, judge_program, run_program
 from gspo_cli.rewards.code import isolation as iso
-from gspo_cli.rewards.code.sandbox import MARKER_PREFIX, Limits
+from gspo_cli.rewards.code.sandbox import MARKER_PREFIX, Limits, run_prefix
 
 MODES = iso.available_modes()
 FAST = Limits(time_limit_s=0.5, output_limit_bytes=1 << 20)
 GOOD = "print(int(input()) * 2)"
 GOOD_TESTS = {"inputs": ["21\n"], "outputs": ["42\n"]}
+OURS = MARKER_PREFIX + run_prefix()  # another process's sandboxes are not ours to check
+SLEEP = f"987.{os.getpid()}"  # the daemon test's sleep, likewise
 
 
 def sandboxed_processes() -> list[str]:
@@ -34,15 +36,20 @@ def sandboxed_processes() -> list[str]:
             cmdline = (proc_dir / "cmdline").read_bytes()
         except OSError:
             continue
-        if MARKER_PREFIX.encode() in cmdline or b"987.654" in cmdline:
+        if OURS.encode() in cmdline or (SLEEP + "\0").encode() in cmdline:
             found.append(cmdline.decode(errors="replace"))
     return found
+
+
+def opt_in(mode: str) -> dict[str, object]:
+    """A weak mode judges untrusted code only with the explicit opt-in."""
+    return {"isolation": mode, "allow_weak_isolation": mode != "bwrap"}
 
 
 def judge(code: str, expected: str, mode: str, limits: Limits = FAST) -> str:
     """Judge `code` on one empty-input test expecting `expected`; returns the verdict."""
     tests = {"inputs": [""], "outputs": [expected]}
-    result = judge_program(code, tests, limits=limits, isolation=mode)
+    result = judge_program(code, tests, limits=limits, **opt_in(mode))
     assert result.reward() == 0.0 or result.verdict == "accepted"
     return result.verdict
 
@@ -60,17 +67,25 @@ def test_normal_program_runs_under_its_limits(mode: str) -> None:
         "kinds = (R.RLIMIT_CPU, R.RLIMIT_AS, R.RLIMIT_FSIZE, R.RLIMIT_NOFILE)\n"
         "print(os.getuid() != 0, [R.getrlimit(k)[0] for k in kinds])"
     )
-    out = run_program(code, limits=FAST, isolation=mode).stdout.decode()
+    out = run_program(code, limits=FAST, **opt_in(mode)).stdout.decode()
     assert out.strip().endswith(f"[1, {1024**3}, {16 * 1024**2}, 64]")
     if os.getuid() == 0:
         assert out.startswith("True")  # root's programs run as a private uid
-    assert judge_program(GOOD, GOOD_TESTS, isolation=mode).verdict == "accepted"
+    assert judge_program(GOOD, GOOD_TESTS, **opt_in(mode)).verdict == "accepted"
     common = (
         "import sys, threading\nsys.setrecursionlimit(10**5)\nthreading.stack_size(1 << 26)\n"
         "def main():\n    data = open('/dev/stdin').read()\n"
         "    print(int(data) * 2)\nthreading.Thread(target=main).start()"
     )  # idioms of competitive Python must survive the guard
-    assert judge_program(common, GOOD_TESTS, isolation=mode).verdict == "accepted"
+    assert judge_program(common, GOOD_TESTS, **opt_in(mode)).verdict == "accepted"
+    library = (  # stdlib that inspects frames or lists the cwd must survive the guard too
+        "import enum, os\nfrom collections import namedtuple\nfrom dataclasses import dataclass\n"
+        "from pathlib import Path\nP = namedtuple('P', 'x')\nColor = enum.Enum('Color', 'RED')\n"
+        "@dataclass\nclass D:\n    x: int\nPath('f.txt').write_text(input())\n"
+        "print(int(Path('f.txt').read_text()) * 2, os.listdir(), P(1).x, D(2).x, Color.RED.value)"
+    )
+    tests = {"inputs": ["21\n"], "outputs": ["42 ['f.txt'] 1 2 1"]}
+    assert judge_program(library, tests, **opt_in(mode)).verdict == "accepted"
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -86,7 +101,7 @@ def test_secrets_in_the_environment_do_not_leak(mode: str, monkeypatch: pytest.M
         "print('hf_leak_me_123' if 'hf_leak_me_123' in ''.join(parts) else 'clean')"
     )
     assert judge(code, "hf_leak_me_123", mode) != "accepted"
-    assert b"clean" in run_program(code, limits=FAST, isolation=mode).stdout
+    assert b"clean" in run_program(code, limits=FAST, **opt_in(mode)).stdout
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -126,19 +141,24 @@ def test_no_writes_outside_the_box(mode: str, tmp_path: Path) -> None:
     targets = [tmp_path / "escaped.txt", Path(tempfile.gettempdir(), f"gspo-escape-{os.getpid()}")]
     for target in targets:
         code = f"open({str(target)!r}, 'w').write('x')\nprint('wrote')"
-        assert judge(code, "wrote", mode) in ("runtime_error", "blocked")
-        assert not target.exists()
-    inside = "open('local.txt', 'w').write('ok')\nprint(open('local.txt').read())"
-    assert judge(inside, "ok", mode) == "accepted"  # its own folder is writable
+        verdict = judge(code, "wrote", mode)
+        if target.parent != Path(tempfile.gettempdir()):
+            assert verdict in ("runtime_error", "blocked")  # the host folder is not even there
+        assert not target.exists()  # /tmp may be the sandbox's own: the host's stays clean
+    inside = (
+        "import os\nopen('local.txt', 'w').write('ok')\nos.mkdir('sub')\n"
+        "print(open('local.txt').read(), sorted(os.listdir()))"
+    )
+    assert judge(inside, "ok ['local.txt', 'sub']", mode) == "accepted"  # its own folder
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_each_run_gets_a_fresh_folder_removed_afterwards(mode: str) -> None:
-    before = set(Path(tempfile.gettempdir()).glob("gspo-sbx-*"))
+    before = set(Path(tempfile.gettempdir()).glob(f"gspo-sbx-{run_prefix()}*"))
     code = "import os\nprint(sorted(os.listdir('.')))\nopen('mark', 'w').write('1')"
     tests = {"inputs": ["", ""], "outputs": ["[]", "[]"]}  # the 2nd run must not see 'mark'
-    assert judge_program(code, tests, limits=FAST, isolation=mode).verdict == "accepted"
-    assert set(Path(tempfile.gettempdir()).glob("gspo-sbx-*")) <= before
+    assert judge_program(code, tests, limits=FAST, **opt_in(mode)).verdict == "accepted"
+    assert set(Path(tempfile.gettempdir()).glob(f"gspo-sbx-{run_prefix()}*")) <= before
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -167,7 +187,7 @@ def test_infinite_loop_times_out_on_the_wall_clock(mode: str) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_output_flood_is_cut_and_flagged(mode: str) -> None:
-    outcome = run_program("while True:\n    print('x' * 4096)", limits=FAST, isolation=mode)
+    outcome = run_program("while True:\n    print('x' * 4096)", limits=FAST, **opt_in(mode))
     assert outcome.output_limited and len(outcome.stdout) <= FAST.output_limit_bytes
     assert judge("while True:\n    print('x' * 4096)", "x", mode) == "output_limit"
 
@@ -177,14 +197,16 @@ def test_killing_the_parent_fails(mode: str) -> None:
     code = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('killed')"
     assert judge(code, "killed", mode) != "accepted"
     code = "import os, signal\nos.killpg(os.getpgid(os.getppid()), signal.SIGKILL)\nprint('k')"
-    assert judge(code, "k", mode) != "accepted"
+    # The group signal reaches only the program itself (or nothing, when it is pid 1's group);
+    # the checker survives either way and the run ends with a real verdict.
+    assert judge(code, "k", mode) in ("accepted", "runtime_error", "blocked")
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_daemons_and_children_do_not_outlive_the_run(mode: str) -> None:
     daemon = (
         "import os, subprocess, time\n"
-        "try:\n    subprocess.Popen(['sleep', '987.654'], start_new_session=True)\n"
+        f"try:\n    subprocess.Popen(['sleep', '{SLEEP}'], start_new_session=True)\n"
         "except Exception:\n    pass\n"
         "try:\n    if os.fork() == 0:\n        os.setsid()\n        time.sleep(100)\n"
         "except Exception:\n    pass\n"

@@ -3,7 +3,12 @@
 from gspo_cli.data.testcases import TestCase, TestFormatError, parse_tests
 from gspo_cli.rewards.code.compare import compare_json, compare_stdout
 from gspo_cli.rewards.code.extract import extract_code
-from gspo_cli.rewards.code.isolation import available_modes, detect_mode
+from gspo_cli.rewards.code.isolation import (
+    WeakIsolationError,
+    allow_weak_isolation,
+    available_modes,
+    detect_mode,
+)
 from gspo_cli.rewards.code.judge import (
     VERDICTS,
     JudgePool,
@@ -24,6 +29,8 @@ __all__ = [
     "TestCase",
     "TestFormatError",
     "TestVerdict",
+    "WeakIsolationError",
+    "allow_weak_isolation",
     "available_modes",
     "code_reward",
     "compare_json",

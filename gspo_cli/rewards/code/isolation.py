@@ -1,14 +1,18 @@
 """Which isolation the machine allows, probed once at runtime, and the command for each mode.
 
 Modes, strongest first:
-- ``bwrap``: bubblewrap; new network, pid, ipc and uts namespaces, a read-only /usr, a private
-  /tmp and only the run's box writable.
-- ``unshare``: util-linux unshare; new network, pid, ipc, uts and mount namespaces, but the host
-  filesystem stays visible: files are guarded by the private uid and the Python audit hook.
-- ``rlimits``: no namespaces at all; rlimits, a process group, a scrubbed environment, a private
-  uid when root, and the audit hook (which native code could bypass) for network and files.
+- ``bwrap``: bubblewrap; new network, pid, ipc and uts namespaces, a read-only /usr, and only a
+  size-limited tmpfs (the box, also /tmp and /dev/shm) writable; it vanishes with the sandbox.
+- ``unshare``: util-linux unshare; new network, pid, ipc, uts and mount namespaces with private
+  size-limited tmpfs on /tmp (the box) and /dev/shm, but the rest of the host filesystem stays
+  visible: files are guarded by the private uid, a seccomp filter and the audit-hook guard.
+- ``rlimits``: no namespaces at all; rlimits, a private uid when root, no_new_privs, a seccomp
+  filter against sockets, and the audit-hook guard (native code could bypass it) for files.
 
-``GSPO_SANDBOX_ISOLATION`` forces a mode, e.g. to test the fallbacks.
+The two weak modes judge untrusted code only when the user opted in
+(`reward.sandbox.allow_weak_isolation`, or `allow_weak_isolation=True`); otherwise judging
+fails with one line saying what is missing. ``GSPO_SANDBOX_ISOLATION`` forces a mode (a weak one
+still needs the opt-in).
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import cache
 from pathlib import Path
+
+from gspo_cli.errors import GspoError
 
 log = logging.getLogger(__name__)
 _DETECT_LOCK = threading.Lock()
@@ -35,6 +41,7 @@ ENV_VAR = "GSPO_SANDBOX_ISOLATION"
 UID_BASE = 2_100_000_000
 UID_SLOTS = 512
 PYTHON_CANDIDATES = ("/usr/bin/python3", "/usr/local/bin/python3")
+HARNESS = Path(__file__).with_name("harness")
 
 
 def _world_readable(path: str) -> bool:
@@ -78,33 +85,63 @@ def _bwrap_fs_args(python: str) -> list[str]:
     prefix = python_prefix(python)
     if not prefix.startswith("/usr"):
         args += ["--ro-bind", prefix, prefix]
-    return [*args, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    return [*args, "--proc", "/proc", "--dev", "/dev"]
 
 
-def wrapper_command(mode: str, box: Path, judge: Path) -> list[str]:
-    """The argv prefix that wraps the harness for `mode` (empty for rlimits)."""
+def wrapper_command(mode: str, disk_mb: int, info_fd: int | None = None) -> list[str]:
+    """The argv prefix that wraps the harness for `mode` (empty for rlimits).
+
+    bwrap: the box is a tmpfs of `disk_mb` (with /tmp a link into it) and /dev/shm another;
+    both live in the sandbox's mount namespace only. `info_fd` receives bwrap's child pid.
+    """
     root = os.getuid() == 0
     if mode == "bwrap":
         ns = ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
         ns += ["--unshare-cgroup-try"] if root else ["--unshare-user"]
         caps = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if root else []
+        size = str(disk_mb * 1024 * 1024)
+        info = ["--info-fd", str(info_fd)] if info_fd is not None else []
         return [
-            "bwrap", *ns, "--die-with-parent", "--new-session", *caps,
+            "bwrap", *ns, "--die-with-parent", "--new-session", *caps, *info,
             *_bwrap_fs_args(child_python()),
-            "--bind", str(box), "/box", "--bind", str(judge), "/judge", "--chdir", "/box",
+            "--perms", "1777", "--size", size, "--tmpfs", "/box", "--symlink", "/box", "/tmp",
+            "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
+            "--ro-bind", str(HARNESS), "/judge", "--chdir", "/box",
         ]  # fmt: skip
     if mode == "unshare":
         user = [] if root else ["--map-root-user"]
         return [
             "unshare", *user, "--net", "--pid", "--fork", "--kill-child", "--mount-proc",
-            "--ipc", "--uts", "--",
+            "--propagation", "private", "--ipc", "--uts", "--",
         ]  # fmt: skip
     return []
 
 
-def paths_in_sandbox(mode: str, box: Path, judge: Path) -> tuple[str, str]:
-    """(box, judge) as the harness sees them."""
-    return ("/box", "/judge") if mode == "bwrap" else (str(box), str(judge))
+def box_path(mode: str, host_box: Path | None) -> str:
+    """The box (the program's cwd, HOME and TMPDIR) as the harness sees it."""
+    if mode == "bwrap":
+        return "/box"
+    if mode == "unshare":
+        return "/tmp/box"  # on the tmpfs the harness mounts
+    assert host_box is not None
+    return str(host_box)
+
+
+def runner_path(mode: str) -> str:
+    """The harness's entry script as the sandbox sees it."""
+    return "/judge/start.py" if mode == "bwrap" else str(HARNESS / "start.py")
+
+
+@cache
+def precompile_harness() -> None:
+    """Byte-compile the harness once for the programs' interpreter, so that no run compiles it
+    (where the package folder is read-only, pip has usually done this at install)."""
+    with suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(
+            [child_python(), "-I", "-m", "compileall", "-q", str(HARNESS)],
+            capture_output=True,
+            timeout=60,
+        )
 
 
 @cache
@@ -113,15 +150,11 @@ def _probe(mode: str) -> str | None:
     tool = {"bwrap": "bwrap", "unshare": "unshare"}.get(mode)
     if tool and shutil.which(tool) is None:
         return f"{tool} is not installed"
-    with tempfile.TemporaryDirectory(prefix="gspo-probe-") as tmp:
-        box, judge = Path(tmp, "box"), Path(tmp, "judge")
-        box.mkdir()
-        judge.mkdir()
-        argv = [*wrapper_command(mode, box, judge), child_python(), "-I", "-c", "print('ok')"]
-        try:
-            done = subprocess.run(argv, capture_output=True, timeout=20, cwd=box, env={})
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"{tool} failed to start: {exc}"
+    argv = [*wrapper_command(mode, 1), child_python(), "-I", "-c", "print('ok')"]
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=20, cwd="/", env={})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{tool} failed to start: {exc}"
     if done.returncode != 0 or done.stdout.strip() != b"ok":
         reason = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         return f"{tool} does not work here ({reason[0][:160]})"
@@ -182,11 +215,45 @@ def _detect_mode() -> str:
     return mode
 
 
+class WeakIsolationError(GspoError):
+    """Judging untrusted code was refused: only a weak mode is available, and no opt-in."""
+
+
+_allow_weak = False  # the process-wide default, set from the recipe (reward.sandbox)
+
+
+def allow_weak_isolation(allowed: bool) -> None:
+    """Set the default for runs that do not say: may a weak mode judge untrusted code?"""
+    global _allow_weak
+    _allow_weak = allowed
+
+
+def checked_mode(isolation: str | None = None, allow_weak: bool | None = None) -> str:
+    """The mode a run uses; raises WeakIsolationError for a weak mode without the opt-in."""
+    mode = isolation or detect_mode()
+    if mode not in MODES:
+        raise ValueError(f"unknown isolation mode {mode!r}; expected one of {', '.join(MODES)}")
+    if mode == "bwrap" or (_allow_weak if allow_weak is None else allow_weak):
+        return mode
+    why = _probe("bwrap") or f"{mode} was asked for"
+    raise WeakIsolationError(
+        f"code sandbox: refusing to judge untrusted code with weak {mode} isolation ({why}); "
+        "install bubblewrap (`make sandbox-deps`) or set reward.sandbox.allow_weak_isolation: "
+        "true to accept it"
+    )
+
+
+def checker_uid(uid: int | None) -> int | None:
+    """The checker's own private uid, paired with the program's."""
+    return None if uid is None else uid + UID_SLOTS
+
+
 @contextmanager
 def private_uid() -> Iterator[int | None]:
     """A uid no other run holds (flock across threads and processes); None unless root.
 
-    A private uid makes RLIMIT_NPROC bind (uid 0 is exempt) and lets cleanup kill by uid.
+    A private uid makes RLIMIT_NPROC bind (uid 0 is exempt) and lets cleanup kill by uid; the
+    checker of the same run uses checker_uid(uid), so the program cannot signal or trace it.
     """
     if os.getuid() != 0:
         yield None

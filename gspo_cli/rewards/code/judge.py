@@ -3,7 +3,9 @@
 Each test is one sandboxed run (sandbox.run_program), so no state carries between tests.
 Verdicts: accepted, wrong_answer, runtime_error, timeout, memory_limit, output_limit,
 syntax_error, no_code, blocked (the fallback guard refused something), and internal_error
-(the sandbox itself failed; logged, and scored 0 like any failure).
+(the sandbox itself failed; logged, and scored 0 like any failure). A verdict rests only on
+what the program cannot forge: its stdout or its call results, compared here, or the status of
+the harness's checker process, which the program's process cannot reach.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, TypeVar
 from gspo_cli.data.testcases import TestCase, parse_tests
 from gspo_cli.rewards.code.compare import compare_json, compare_stdout
 from gspo_cli.rewards.code.extract import extract_code
+from gspo_cli.rewards.code.isolation import WeakIsolationError, checked_mode
 from gspo_cli.rewards.code.sandbox import Limits, RunOutcome, run_program
 
 log = logging.getLogger(__name__)
@@ -74,14 +77,15 @@ def classify(outcome: RunOutcome, case: TestCase) -> tuple[str, str]:
         return "output_limit", "output cap exceeded"
     if outcome.timed_out or outcome.signal == signal.SIGXCPU:
         return "timeout", f"killed after {outcome.elapsed_s:.2f}s"
-    if status in ("syntax_error", "memory_limit", "blocked", "wrong_answer"):
+    if outcome.oom_killed:
+        return "memory_limit", "the run's memory cgroup hit its limit"
+    if status in ("syntax_error", "memory_limit", "blocked", "wrong_answer", "internal_error"):
         return status, error
-    if "MemoryError" in outcome.stderr_tail and status != "ok":
-        return "memory_limit", "MemoryError"
-    ended_cleanly = status == "ok" or (status is None and outcome.returncode == 0)
-    if not ended_cleanly or (case.kind != "stdio" and status != "ok"):
-        sig = outcome.signal
-        return "runtime_error", error or (f"signal {sig}" if sig else f"exit {outcome.returncode}")
+    if status != "ok":
+        if "MemoryError" in outcome.stderr_tail:
+            return "memory_limit", "MemoryError"
+        sig, code = outcome.signal, (outcome.status or {}).get("exit")
+        return "runtime_error", error or (f"signal {sig}" if sig else f"exit {code}")
     if case.kind == "assert":
         return "accepted", ""
     if case.kind == "call":
@@ -93,8 +97,12 @@ def classify(outcome: RunOutcome, case: TestCase) -> tuple[str, str]:
     return ("accepted", "") if compare_stdout(got, case.output) else ("wrong_answer", got[:200])
 
 
-def _run_case(code: str, case: TestCase, limits: Limits, isolation: str | None) -> RunOutcome:
-    options: dict[str, Any] = {"limits": limits, "isolation": isolation}
+def _run_case(code: str, case: TestCase, limits: Limits, isolation: str) -> RunOutcome:
+    options: dict[str, Any] = {
+        "limits": limits,
+        "isolation": isolation,
+        "allow_weak_isolation": True,
+    }
     if case.kind == "assert":
         return run_program(code, mode="assert", check=case.check, **options)
     mode = "call" if case.kind == "call" else "stdio"
@@ -111,15 +119,20 @@ def judge_program(
     max_tests: int | None = None,
     limits: Limits | None = None,
     isolation: str | None = None,
+    allow_weak_isolation: bool | None = None,
 ) -> JudgeResult:
     """Run `code` on each test (any format testcases.parse_tests knows), stopping at the first
-    failure unless `all_tests`. Raises TestFormatError for unreadable tests."""
+    failure unless `all_tests`. Raises TestFormatError for unreadable tests, and
+    WeakIsolationError when only a weak sandbox is available without the opt-in."""
+    isolation = checked_mode(isolation, allow_weak_isolation)
     cases = parse_tests(tests)[:max_tests]
     limits = limits or Limits(time_limit_s=time_limit_s, memory_limit_mb=memory_limit_mb)
     result = JudgeResult("accepted", 0, len(cases))
     for index, case in enumerate(cases):
         outcome = _run_case(code, case, limits, isolation)
         verdict, detail = classify(outcome, case)
+        if verdict == "internal_error":
+            log.warning("code judge: the sandbox harness failed: %s", detail)
         result.tests.append(TestVerdict(index, verdict, outcome.elapsed_s, detail))
         if verdict == "accepted":
             result.passed += 1
@@ -134,12 +147,15 @@ def judge_program(
 
 
 def judge_completion(completion: str, tests: Any, **options: Any) -> JudgeResult:
-    """Extract the program from a model completion, then judge it; never raises."""
+    """Extract the program from a model completion, then judge it. Never raises for anything
+    the program does; raises WeakIsolationError when the sandbox refuses to run at all."""
     code = extract_code(completion)
     if code is None:
         return JudgeResult("no_code", 0, 0)
     try:
         return judge_program(code, tests, **options)
+    except WeakIsolationError:
+        raise  # the user's setup, not this program: stop with the one-line reason
     except Exception as exc:  # bad test data or a sandbox failure: score 0, keep training
         log.warning("code judge: %s: %s", type(exc).__name__, exc)
         return JudgeResult("internal_error", 0, 0, [TestVerdict(0, "internal_error", 0, str(exc))])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from gspo_cli.rewards.code.isolation import checked_mode
 from gspo_cli.rewards.code.judge import JudgePool, JudgeResult, default_pool, judge_completion
 from gspo_cli.rewards.registry import REWARDS
 
@@ -19,6 +20,10 @@ def judge_completions(
     """Judge each completion against its tests in parallel; options go to judge_program."""
     if len(completions) != len(tests):
         raise ValueError(f"{len(completions)} completions but {len(tests)} test sets")
+    # Refuse up front (WeakIsolationError) rather than once per completion.
+    options["isolation"] = checked_mode(
+        options.get("isolation"), options.get("allow_weak_isolation")
+    )
     judge = partial(_judge_pair, options=options)
     return (pool or default_pool()).map(judge, list(zip(completions, tests, strict=True)))
 

@@ -1,49 +1,75 @@
 """Run one untrusted program once, in its own sandboxed process, and collect what it did.
 
-Each run gets a fresh temporary folder (removed afterwards) with two parts: `box`, the only
-place the program may write, and `judge`, where the harness, its spec and the test input live.
-The process runs in a new session (its own process group) with a scrubbed environment; the
-harness (runner.py) sets the rlimits and drops root. Whatever happens, the group, the run's
-private uid and every process carrying the run's marker are killed before the call returns.
+Nothing of a run touches the host disk under bwrap and unshare: the spec and the test input
+reach the harness (harness/runner.py) as memfds, and the box is a size-limited tmpfs in the
+sandbox's own mount namespace, gone with it. The rlimits mode uses a host folder (on /dev/shm
+when a memory cgroup counts it), removed by a cleanup that cannot fail. The verdict comes back
+on a pipe held only by the harness's trusted checker process.
+
+Ending a run: the pid namespace's init is killed (the kernel then kills everything in it),
+the run's cgroup is emptied, and only the rlimits mode without a cgroup still scans /proc (by
+real uid, or for the run's marker).
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import importlib
 import json
+import marshal
 import os
 import secrets
 import selectors
-import shutil
 import signal
-import stat
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
+from gspo_cli.rewards.code import cleanup
+from gspo_cli.rewards.code.cgroups import RunGroup, run_group
 from gspo_cli.rewards.code.isolation import (
+    box_path,
+    checked_mode,
+    checker_uid,
     child_python,
-    detect_mode,
-    paths_in_sandbox,
+    precompile_harness,
     private_uid,
     python_prefix,
+    runner_path,
     wrapper_command,
 )
+from gspo_cli.workers import die_with_parent_argv
 
-RUNNER = Path(__file__).with_name("runner.py")
 MARKER_PREFIX = "gspo-sandbox-run-"  # in every sandboxed process's argv, for cleanup and tests
+
+
+def run_prefix() -> str:
+    """Start of this process's run markers and host folders (other trainers have their own)."""
+    return f"{os.getpid()}-"
+
+
 STARTUP_GRACE_S = 0.5  # interpreter + wrapper start-up, not charged to the program
 STDERR_TAIL = 16 * 1024
 READ_ROOTS = ("/usr/lib", "/usr/lib64", "/usr/local/lib", "/usr/share", "/lib", "/lib64")
+SHARED_TMP = ("/dev/shm", "/tmp", "/var/tmp")
+# LeetCode-style names programs use without importing them (LiveCodeBench's header).
+STAR_IMPORTS = ("typing", "collections", "heapq", "bisect", "itertools", "functools")
+MODULE_IMPORTS = (
+    "math", "heapq", "bisect", "collections", "itertools", "functools", "string", "re", "random",
+    "sys",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-run limits. nproc counts threads too; it is per private uid when run as root."""
+    """Per-run limits. Memory and nproc bound the whole run where a cgroup is available (else
+    each process); disk_mb is the size of the box's tmpfs."""
 
     time_limit_s: float = 6.0
     memory_limit_mb: int = 1024
@@ -51,11 +77,12 @@ class Limits:
     file_size_mb: int = 16
     open_files: int = 64
     nproc: int = 16
+    disk_mb: int = 64
 
 
 @dataclass
 class RunOutcome:
-    """What one run did: its output, the harness's status line, and how it ended."""
+    """What one run did: its output, the checker's status, and how it ended."""
 
     stdout: bytes
     stderr_tail: str
@@ -64,14 +91,30 @@ class RunOutcome:
     timed_out: bool
     output_limited: bool
     elapsed_s: float
-    call_result: str | None = None
+    oom_killed: bool = False
+
+    @property
+    def call_result(self) -> str | None:
+        result = (self.status or {}).get("result")
+        return result if isinstance(result, str) else None
 
     @property
     def signal(self) -> int | None:
-        """The signal that ended the program (wrappers report 128+n), if any."""
-        if self.returncode < 0:
-            return -self.returncode
-        return self.returncode - 128 if 128 < self.returncode < 160 else None
+        """The signal that ended the program's process, if any."""
+        sig = (self.status or {}).get("signal")
+        return sig if isinstance(sig, int) else None
+
+
+@cache
+def header_names() -> dict[str, tuple[str, str]]:
+    """name -> (module, attribute; "" for the module itself), in star-import order."""
+    names: dict[str, tuple[str, str]] = {}
+    for module_name in STAR_IMPORTS:
+        module = importlib.import_module(module_name)
+        public = getattr(module, "__all__", [n for n in dir(module) if not n.startswith("_")])
+        names.update({name: (module_name, name) for name in public})
+    names.update({name: (name, "") for name in MODULE_IMPORTS})
+    return names
 
 
 def _child_env(box: str) -> dict[str, str]:
@@ -92,51 +135,28 @@ def _owner(proc_dir: Path) -> int | None:
         return None
 
 
-def _rmtree(path: Path) -> None:
-    """Remove a run's tree, even where the program chmod-ed its own folders to 000.
-
-    Root needs no help; others restore owner access top-down first, never through symlinks
-    (a link to /etc must not be chmod-ed). Every process of the run is dead by now.
-    """
-    if os.getuid() != 0:
-        for dirpath, dirnames, _ in os.walk(path):
-            for name in dirnames:
-                child = os.path.join(dirpath, name)
-                if not os.path.islink(child):
-                    with suppress(OSError):
-                        os.chmod(child, stat.S_IRWXU)
-    shutil.rmtree(path, ignore_errors=True)
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
-@contextmanager
-def _workspace(uid: int | None) -> Iterator[tuple[Path, Path]]:
-    root = Path(tempfile.mkdtemp(prefix="gspo-sbx-"))
+@contextlib.contextmanager
+def _host_box(mode: str, uid: int | None, group: RunGroup | None) -> Iterator[Path | None]:
+    """rlimits only: the run's folder on the host (on /dev/shm when a cgroup counts its pages)."""
+    if mode != "rlimits":
+        yield None
+        return
+    parent = "/dev/shm" if group is not None and os.access("/dev/shm", os.W_OK) else None
+    prefix = f"gspo-sbx-{run_prefix()}"
+    box = Path(tempfile.mkdtemp(prefix=prefix, dir=parent or tempfile.gettempdir()))
     try:
-        box, judge = root / "box", root / "judge"
-        box.mkdir(mode=0o700)
-        judge.mkdir(mode=0o700)
         if uid is not None:
             os.chown(box, uid, uid)
-        yield box, judge
+        yield box
     finally:
-        _rmtree(root)
-
-
-def _spec(code: str, mode: str, limits: Limits, uid: int | None, **extra: Any) -> dict[str, Any]:
-    nproc = limits.nproc if uid is not None else _user_process_count() + limits.nproc
-    return {
-        "code": code,
-        "mode": mode,
-        "nonce": secrets.token_hex(16),
-        "uid": uid,
-        "cpu_s": int(limits.time_limit_s) + 1,
-        "memory_mb": limits.memory_limit_mb,
-        "file_mb": limits.file_size_mb,
-        "open_files": limits.open_files,
-        "nproc": nproc,
-        "read_roots": [python_prefix(child_python()), *READ_ROOTS],
-        **extra,
-    }
+        cleanup.remove_tree(box)
 
 
 def run_program(
@@ -148,142 +168,220 @@ def run_program(
     check: str | None = None,
     limits: Limits | None = None,
     isolation: str | None = None,
+    allow_weak_isolation: bool | None = None,
 ) -> RunOutcome:
     """Run `code` once: `stdio` feeds `stdin`; `call` calls fn_name with one JSON argument per
-    line of `stdin`; `assert` runs the `check` statements after the program."""
+    line of `stdin`; `assert` runs the `check` statements against the program.
+
+    Raises WeakIsolationError when only a weak mode is available and not opted into."""
     limits = limits or Limits()
-    iso = isolation or detect_mode()
-    marker = MARKER_PREFIX + secrets.token_hex(8)
-    with private_uid() as uid, _workspace(uid) as (box, judge):
-        spec = _spec(code, mode, limits, uid, input=stdin, fn_name=fn_name, check=check)
-        spec["guard"] = iso != "bwrap"  # bwrap's mount namespace already hides the host
-        (judge / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
-        shutil.copyfile(RUNNER, judge / "runner.py")
-        (judge / "stdin").write_text(stdin, encoding="utf-8")
-        box_in, judge_in = paths_in_sandbox(iso, box, judge)
-        argv = [*wrapper_command(iso, box, judge), child_python(), "-I", "-B", "-X", "utf8"]
-        argv += [f"{judge_in}/runner.py", f"{judge_in}/spec.json", marker]
-        outcome = _supervise(argv, box, box_in, judge / "stdin", limits, uid, marker)
-    return _with_status(outcome, spec["nonce"])
+    iso = checked_mode(isolation, allow_weak_isolation)
+    precompile_harness()
+    nproc = limits.nproc
+    with (
+        private_uid() as uid,
+        run_group(limits.memory_limit_mb, nproc + 4) as group,  # + bwrap, init, checker
+        _host_box(iso, uid, group) as host_box,
+    ):
+        box = box_path(iso, host_box)
+        spec = {
+            "code": code, "mode": mode, "input": stdin, "fn_name": fn_name,
+            "isolation": iso, "weak": iso != "bwrap", "guard": iso != "bwrap", "box": box,
+            "uid": uid, "checker_uid": checker_uid(uid), "cpu_s": int(limits.time_limit_s) + 1,
+            "memory_mb": limits.memory_limit_mb, "file_mb": limits.file_size_mb,
+            "open_files": limits.open_files, "disk_mb": limits.disk_mb,
+            "nproc": nproc if uid is not None else _user_process_count() + nproc,
+            "read_roots": [python_prefix(child_python()), *READ_ROOTS],
+            "cgroup_fds": group.fds if group else [], "header": header_names(),
+            "message_limit": limits.output_limit_bytes,
+            # Without a pid namespace the harness checks it still has this parent (kernel.py);
+            # inside one its parent is the namespace's init, which dies with the wrapper.
+            "parent_pid": os.getpid() if iso == "rlimits" else None,
+        }  # fmt: skip
+        outcome = _launch(spec, check or "", iso, limits, host_box, group)
+        if iso == "rlimits" and uid is not None:
+            cleanup.remove_owned(SHARED_TMP, uid)
+    return outcome
 
 
-def _supervise(
-    argv: list[str],
-    box: Path,
-    box_in: str,
-    stdin_path: Path,
+def _launch(
+    spec: dict[str, Any],
+    check: str,
+    iso: str,
     limits: Limits,
-    uid: int | None,
-    marker: str,
+    host_box: Path | None,
+    group: RunGroup | None,
 ) -> RunOutcome:
+    marker = MARKER_PREFIX + run_prefix() + secrets.token_hex(8)
+    spec_fd = _memfd("spec", marshal.dumps(spec))
+    stdin_fd = _memfd("stdin", spec["input"].encode())
+    check_fd = _memfd("check", check.encode())  # for the checker only, read after the fork
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    info_r, info_w = os.pipe2(os.O_CLOEXEC) if iso == "bwrap" else (-1, -1)
+    # setpriv --pdeathsig: the wrapper dies with this thread, so a killed trainer leaves no
+    # sandbox behind (the harness asks again after it drops privileges).
+    argv = [
+        *die_with_parent_argv(),
+        *wrapper_command(iso, limits.disk_mb, info_w if info_w >= 0 else None),
+    ]
+    argv += [child_python(), "-I", "-B", "-X", "utf8", runner_path(iso)]
+    argv += [str(spec_fd), str(status_w), str(check_fd), marker]
+    passed = [spec_fd, status_w, check_fd, *spec["cgroup_fds"]]
+    passed += [info_w] if info_w >= 0 else []
     start = time.monotonic()
-    with open(stdin_path, "rb") as stdin_file:
+    try:
         proc = subprocess.Popen(
             argv,
-            stdin=stdin_file,
+            stdin=stdin_fd,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            cwd=box,
-            env=_child_env(box_in),
-            start_new_session=True,  # its own process group, killed as a whole
+            cwd=host_box or "/",
+            env=_child_env(spec["box"]),
+            pass_fds=passed,
+            start_new_session=True,  # its own process group
         )
+    finally:
+        for fd in (spec_fd, stdin_fd, check_fd, status_w, info_w):
+            if fd >= 0:
+                os.close(fd)
+        if group is not None:
+            group.close_fds()
     try:
         deadline = start + limits.time_limit_s + STARTUP_GRACE_S
-        out, err, timed_out, limited = _collect(proc, deadline, limits.output_limit_bytes)
+        collected = _collect(proc, status_r, deadline, limits.output_limit_bytes)
     finally:
-        _kill_everything(proc, uid, marker)
+        _end_run(proc, iso, info_r, group, spec["uid"], marker)
+        os.close(status_r)
+        if info_r >= 0:
+            os.close(info_r)
+    out, err, status, timed_out, limited = collected
     return RunOutcome(
         stdout=bytes(out[: limits.output_limit_bytes]),
         stderr_tail=err.decode("utf-8", errors="replace"),
-        status=None,
+        status=_parse_status(status),
         returncode=proc.returncode,
         timed_out=timed_out,
         output_limited=limited,
         elapsed_s=time.monotonic() - start,
+        oom_killed=group.oom_killed() if group is not None else False,
     )
 
 
-def _collect(
-    proc: subprocess.Popen[bytes], deadline: float, cap: int
-) -> tuple[bytearray, bytearray, bool, bool]:
-    """Read stdout and stderr until both close, the deadline passes or the output cap is hit.
+def _parse_status(raw: bytes | bytearray) -> dict[str, Any] | None:
+    """The checker's status (a dict literal of plain values), or None."""
+    try:
+        status = ast.literal_eval(raw.decode("utf-8"))
+    except (ValueError, SyntaxError, MemoryError, RecursionError, UnicodeDecodeError):
+        return None
+    return status if isinstance(status, dict) else None
 
-    Orphans can hold the pipes open after the program exits; we stop shortly after it does.
-    """
+
+def _collect(
+    proc: subprocess.Popen[bytes], status_fd: int, deadline: float, cap: int
+) -> tuple[bytearray, bytearray, bytearray, bool, bool]:
+    """Read stdout, stderr and the status pipe until all close, the deadline passes or the
+    output cap is hit. Orphans can hold the pipes open after the run; we stop shortly after
+    the wrapper exits."""
     assert proc.stdout is not None and proc.stderr is not None
-    out, err = bytearray(), bytearray()
+    out, err, status = bytearray(), bytearray(), bytearray()
     total, exited_at = 0, None
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ, out)
         sel.register(proc.stderr, selectors.EVENT_READ, err)
+        sel.register(status_fd, selectors.EVENT_READ, status)
         while sel.get_map():
             now = time.monotonic()
             if now >= deadline:
-                return out, err[-STDERR_TAIL:], True, False
+                return out, err[-STDERR_TAIL:], status, True, False
             if exited_at is None and proc.poll() is not None:
                 exited_at = now
             if exited_at is not None and now - exited_at > 0.2:
                 break
             for key, _ in sel.select(min(0.05, deadline - now)):
-                chunk = os.read(key.fd, 1 << 16)
+                fd = key.fd
+                chunk = os.read(fd, 1 << 16)
                 if not chunk:
                     sel.unregister(key.fileobj)
                     continue
-                total += len(chunk)
                 key.data.extend(chunk)
+                if key.data is status:
+                    if len(status) > 2 * cap + 4096:
+                        return out, err[-STDERR_TAIL:], bytearray(), False, True
+                    continue
+                total += len(chunk)
                 if total > cap:
-                    return out, err[-STDERR_TAIL:], False, True
+                    return out, err[-STDERR_TAIL:], status, False, True
                 if len(err) > 2 * STDERR_TAIL:
                     del err[:-STDERR_TAIL]
-    return out, err[-STDERR_TAIL:], False, False
+    return out, err[-STDERR_TAIL:], status, False, False
 
 
-def _kill_everything(proc: subprocess.Popen[bytes], uid: int | None, marker: str) -> None:
-    """SIGKILL the process group, then anything still running as the private uid or carrying
-    the marker (a program may leave its group with setsid); loop until none is left."""
-    with suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+def _end_run(
+    proc: subprocess.Popen[bytes],
+    iso: str,
+    info_r: int,
+    group: RunGroup | None,
+    uid: int | None,
+    marker: str,
+) -> None:
+    """Kill everything the run started, through its pid namespace and its cgroup."""
+    if iso == "bwrap":
+        if proc.poll() is None:  # else bwrap has reaped its pid 1: that pid may be reused
+            _kill_bwrap_init(info_r)
+    elif iso == "unshare":
+        _signal_group(proc, signal.SIGTERM)  # pid 1 exits on it; the kernel kills the rest
+    else:
+        _signal_group(proc, signal.SIGKILL)
+    if group is not None:
+        group.kill()
+    try:
+        proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
     for stream in (proc.stdout, proc.stderr):
         if stream is not None:
             stream.close()
-    for _ in range(200):
-        if not _kill_leftovers(uid, marker):
-            return
-        time.sleep(0.005)
+    if iso == "rlimits" and group is None:
+        for _ in range(200):  # no namespace, no cgroup: find what escaped the process group
+            if not (cleanup.kill_by_uid(uid) if uid is not None else _kill_marked(marker)):
+                break
+            time.sleep(0.005)
 
 
-def _kill_leftovers(uid: int | None, marker: str) -> int:
-    """Kill live processes that belong to this run; returns how many were found."""
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _kill_bwrap_init(info_r: int) -> None:
+    """SIGKILL the sandbox's pid 1 (its pid is on bwrap's info fd); bwrap then exits once the
+    kernel has killed the whole pid namespace, so waiting for bwrap waits for all of it."""
+    os.set_blocking(info_r, False)
+    try:
+        info = json.loads(os.read(info_r, 4096) or b"{}")
+    except (BlockingIOError, ValueError):
+        return
+    pid = info.get("child-pid") if isinstance(info, dict) else None
+    if isinstance(pid, int) and pid > 1:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _kill_marked(marker: str) -> int:
+    """Kill live processes whose argv carries the run's marker; returns how many were found."""
     found = 0
     needle = marker.encode()
     for proc_dir in Path("/proc").iterdir():
         if not proc_dir.name.isdigit():
             continue
         try:
-            ours = uid is not None and proc_dir.stat().st_uid == uid
-            ours = ours or needle in (proc_dir / "cmdline").read_bytes()
-            if not ours or (proc_dir / "stat").read_bytes().rsplit(b")", 1)[1][1:2] == b"Z":
+            if needle not in (proc_dir / "cmdline").read_bytes():
+                continue
+            if (proc_dir / "stat").read_bytes().rsplit(b")", 1)[1][1:2] == b"Z":
                 continue
             os.kill(int(proc_dir.name), signal.SIGKILL)
             found += 1
         except (OSError, IndexError):
             continue  # it exited while we looked
     return found
-
-
-def _with_status(outcome: RunOutcome, nonce: str) -> RunOutcome:
-    """Parse the harness's nonce-prefixed status (stderr) and call result (stdout)."""
-    head = nonce + " "
-    for line in reversed(outcome.stderr_tail.splitlines()):
-        if line.startswith(head):
-            with suppress(ValueError):
-                outcome.status = json.loads(line[len(head) :])
-            break
-    if outcome.stdout:
-        text = outcome.stdout.decode("utf-8", errors="replace")
-        for line in reversed(text.splitlines()):
-            if line.startswith(head):
-                outcome.call_result = line[len(head) :]
-                break
-    return outcome

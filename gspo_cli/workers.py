@@ -1,0 +1,54 @@
+"""Child processes that never outlive the trainer.
+
+A SIGKILLed (or OOM-killed) trainer runs no cleanup, so its children must arrange their own end:
+each one asks the Linux kernel for SIGKILL when its parent dies (`PR_SET_PDEATHSIG`). Pool workers
+also ignore SIGINT, so that Ctrl-C in a terminal (sent to the whole process group) reaches only
+the trainer, which then shuts its pools down cleanly, with no worker tracebacks.
+
+The kernel's "parent" is the *thread* that created the child: pools must be started from a thread
+that lives as long as they do (the main thread, in gspo).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent_pid: int) -> bool:
+    """Ask for SIGKILL when the parent dies; False where the kernel offers no such thing.
+
+    A parent that died before the request was made sends nothing: then this process ends now.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    zero = ctypes.c_ulong(0)
+    if libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), zero, zero, zero) != 0:
+        return False
+    if os.getppid() != parent_pid:  # orphaned already, between fork and prctl
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
+
+
+def pool_worker_init(parent_pid: int) -> None:
+    """`initializer` of a worker pool: die with the parent, leave Ctrl-C to the parent.
+
+    A forked worker inherits the trainer's signal handlers; SIGTERM goes back to the default
+    (end at once), as the trainer's stop-at-the-next-step handler means nothing here.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with_parent(parent_pid)
+
+
+def die_with_parent_argv() -> list[str]:
+    """An argv prefix that makes an exec'd child die with the calling thread (util-linux
+    `setpriv --pdeathsig`, which survives exec); [] where setpriv is missing."""
+    setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    return [] if setpriv is None else [setpriv, "--pdeathsig", "KILL", "--"]
