@@ -37,8 +37,10 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/opt/venv/bin:$PATH
 
 # Python 3 from the base image's distribution (unpinned: the same file builds on Debian and
-# Ubuntu bases, whose default user holding uid 1000, e.g. `ubuntu`, makes way), bubblewrap for the code sandbox, util-linux for its unshare fallback, and g++
-# with the Python headers for the C++ ops DeepSpeed compiles on first use (its CPU engine).
+# Ubuntu bases, whose default user holding uid 1000, e.g. `ubuntu`, makes way), bubblewrap for
+# the code sandbox, util-linux for its unshare fallback and for setpriv (sandbox programs and
+# DeepSpeed launchers die with the trainer), and g++ with the Python headers for the C++ ops
+# DeepSpeed compiles on first use (its CPU engine).
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
