@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: setup test test-fast test-vllm vllm-cpu lint fmt bench quickstart clean
-.PHONY: sandbox-deps
+.PHONY: sandbox-deps docker-build docker-test container-ci
 
 $(BIN)/gspo: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,7 @@ lint: setup
 	$(BIN)/ruff check gspo_cli tests benchmarks
 	$(BIN)/ruff format --check gspo_cli tests benchmarks
 	$(BIN)/mypy gspo_cli/algorithms gspo_cli/recipe
+	$(BIN)/hadolint Dockerfile
 
 fmt: setup
 	$(BIN)/ruff format gspo_cli tests benchmarks
@@ -70,6 +71,28 @@ bench: setup
 # The main job: cold start + GSPO on the built-in task, on CPU, offline; prints held-out accuracy.
 quickstart: setup
 	$(BIN)/gspo train recipes/quickstart.yaml --out runs/quickstart-$$(date +%Y%m%d-%H%M%S)
+
+# The Docker image (Dockerfile; CPU by default, CUDA by --build-arg, see its header) and the test
+# suite inside it with ../shared mounted read-only. DOCKER=podman works too; on a machine with no
+# Docker engine scripts/container-ci.sh does everything with podman (make container-ci).
+DOCKER ?= docker
+IMAGE ?= gspo-cli
+DOCKER_BUILD_FLAGS ?=
+DOCKER_RUN_FLAGS ?=
+DOCKER_TEST_ARGS ?= tests --ignore=tests/vllm
+SHARED ?= $(abspath ../shared)
+
+docker-build:
+	$(DOCKER) build $(DOCKER_BUILD_FLAGS) -t $(IMAGE) .
+
+# The image's source sits in /workspace/gspo-cli, so ../shared is /workspace/shared (mounted only
+# when it exists: the tests that need it skip otherwise).
+docker-test: docker-build
+	$(DOCKER) run --rm $(DOCKER_RUN_FLAGS) $(if $(wildcard $(SHARED)),-v "$(SHARED):/workspace/shared:ro") \
+		--entrypoint python $(IMAGE) -m pytest -q -p no:cacheprovider $(DOCKER_TEST_ARGS)
+
+container-ci:
+	scripts/container-ci.sh
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache
