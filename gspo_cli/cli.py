@@ -224,6 +224,14 @@ def compare(
         Path | None, typer.Option(help="Output folder (default comparisons/latest).")
     ] = None,
     baseline: Annotated[Path | None, typer.Option(help="Run the others are compared to.")] = None,
+    group_seeds: Annotated[
+        bool,
+        typer.Option(
+            "--group-seeds",
+            help="One column per recipe: runs whose recipe.yaml differ only in trainer.seed, "
+            "as mean ± 95% t interval over the seeds.",
+        ),
+    ] = False,
 ) -> None:
     """Compare runs side by side: table, stability verdicts, PNG plots, summary.md/json."""
     from gspo_cli.compare import compare_runs
@@ -235,6 +243,7 @@ def compare(
         smooth=smooth,
         out=out,
         baseline=baseline,
+        group_seeds=group_seeds,
         console=console,
     )
     raise typer.Exit(code)

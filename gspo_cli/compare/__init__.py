@@ -1,8 +1,9 @@
 """`gspo compare`: runs side by side as a table, PNG plots, summary.md and summary.json.
 
 Entry point: `compare_runs`. Module map: runs/results (read run folders), series (curves,
-smoothing, x axes), verdicts (stability), stats (numbers and differences), table (rich and
-markdown), plots (matplotlib Agg PNGs), report (summary files).
+smoothing, x axes), verdicts (stability), stats (numbers and differences), seeds and intervals
+(--group-seeds: seed groups, means and 95% t intervals), table (rich and markdown), plots
+(matplotlib Agg PNGs), report (summary files).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from rich.console import Console
 from gspo_cli.compare.plots import write_plots
 from gspo_cli.compare.report import remove_stale_plots, write_reports
 from gspo_cli.compare.runs import Problems, Run, load_runs
+from gspo_cli.compare.seeds import group_runs
 from gspo_cli.compare.series import HELDOUT, RATIO_SPREAD, X_LABELS, X_SOURCES
 from gspo_cli.compare.stats import compare
 from gspo_cli.compare.table import build_rows, rich_table
+from gspo_cli.run_folder import RECIPE
 
 __all__ = ["DEFAULT_OUT", "compare_runs"]
 
@@ -56,6 +59,18 @@ def _check_axis(runs: list[Run], x: str, problems: Problems) -> None:
             )
 
 
+def _without_recipe(runs: list[Run], problems: Problems) -> bool:
+    """--group-seeds groups by the saved recipe: report (one line) the runs that have none."""
+    lacking = [str(run.path) for run in runs if not run.recipe]
+    if lacking:
+        problems.error(
+            "--group-seeds",
+            f"runs are grouped by their saved {RECIPE}, which is missing or unreadable in "
+            f"{', '.join(lacking)}; nothing compared",
+        )
+    return bool(lacking)
+
+
 def compare_runs(
     run_dirs: list[Path],
     *,
@@ -64,6 +79,7 @@ def compare_runs(
     smooth: int = 1,
     out: Path | None = None,
     baseline: Path | None = None,
+    group_seeds: bool = False,
     console: Console,
 ) -> int:
     """Compare run folders; return 0 when at least one run was compared, else 2.
@@ -72,6 +88,9 @@ def compare_runs(
     smooth: trailing moving-average window in steps (1 = raw). metrics: restricts the curves
     plotted and the rows tabled (None = all). out: the output folder (None = DEFAULT_OUT).
     baseline: the run differences are taken against (None = the first valid run).
+    group_seeds: runs whose recipes differ only in trainer.seed (see seeds) become one column
+    each: means over seeds with 95% t intervals, curves with shaded bands. A run without a
+    readable recipe.yaml then returns 2.
     Every problem is printed as one line `error|warning: <where>: <what>`; invalid folders are
     skipped. An unusable --x/--smooth, no valid run, or an unwritable out folder return 2.
     """
@@ -86,9 +105,13 @@ def compare_runs(
     if not runs or base is None:
         problems.error("runs", f"none of the {len(run_dirs)} folder(s) given is a valid run")
         return EXIT_NOTHING
+    if group_seeds and _without_recipe(runs, problems):
+        return EXIT_NOTHING
     wanted = selected_metrics(metrics, runs, problems)
     _check_axis(runs, x, problems)
     cmp = compare(runs, base, x, smooth, wanted)
+    if group_seeds:
+        cmp.groups = group_runs(cmp.reports, problems)
     rows = build_rows(cmp)
     console.print(rich_table(cmp, rows))
     out_dir = Path(out) if out is not None else DEFAULT_OUT

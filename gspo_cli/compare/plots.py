@@ -4,6 +4,10 @@ Every image is FIGSIZE inches at DPI: 8 x 4.5 in at 100 dpi = 800 x 450 px. With
 the smoothed curve is drawn solid over the raw one (faint); held-out accuracy (sparse evals) is
 never smoothed. NaN/inf points are left as gaps, and the step where a verdict fired is marked
 with a dotted vertical line in the run's colour. A plot whose metric no run has is skipped.
+
+With --group-seeds each seed group is one line, the mean over its seeds at the steps they all
+logged (seeds.group_band; each seed smoothed first), with the 95% t interval shaded around it;
+every seed's verdict steps are marked in the group's colour.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from gspo_cli.compare.seeds import SeedGroup, group_band
 from gspo_cli.compare.series import (
     HELDOUT,
     RATIO_SPREAD,
@@ -96,6 +101,26 @@ def _save_atomic(fig: Any, path: Path) -> None:
     write_bytes_atomic(path, buffer.getvalue())
 
 
+def _draw_groups(ax: Any, groups: list[SeedGroup], key: str, cmp: Comparison) -> bool:
+    """One mean line and shaded 95% band per seed group; False when no group has `key`."""
+    drawn = False
+    for index, group in enumerate(groups):
+        color = f"C{index % 10}"
+        band = group_band(group, key, cmp.x, cmp.smooth)
+        if band is None:
+            continue
+        n = len(group.reports)
+        some = "" if band.seeds == n else f", {band.seeds} of {n} seeds have it"
+        label = f"{group.label} ({group.view.stats['algorithm']}{some})"
+        marker = "o" if len(band.xs) < 30 else None
+        ax.plot(band.xs, band.mean, color=color, label=label, marker=marker, markersize=3)
+        ax.fill_between(band.xs, band.low, band.high, color=color, alpha=0.2, linewidth=0)
+        for report in group.reports:
+            _mark(ax, report, key, cmp, color)
+        drawn = True
+    return drawn
+
+
 def draw(cmp: Comparison, key: str, path: Path) -> bool:
     """Write the plot of `key` to `path`; False (nothing written) when no run has it."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -104,8 +129,8 @@ def draw(cmp: Comparison, key: str, path: Path) -> bool:
     fig = Figure(figsize=FIGSIZE, dpi=DPI)
     FigureCanvasAgg(fig)  # Agg: headless, no display, no global pyplot state
     ax = fig.add_subplot()
-    drawn = False
-    for index, report in enumerate(cmp.reports):
+    drawn = cmp.groups is not None and _draw_groups(ax, cmp.groups, key, cmp)
+    for index, report in enumerate(cmp.reports if cmp.groups is None else []):
         color = f"C{index % 10}"
         for xs, ys, raw in _curves(report, key, cmp):
             label = None if raw else f"{report.run.name} ({report.stats['algorithm']})"
@@ -127,6 +152,7 @@ def draw(cmp: Comparison, key: str, path: Path) -> bool:
     suffix = (
         f" (trailing mean over {cmp.smooth} steps)" if cmp.smooth > 1 and key != HELDOUT else ""
     )
+    suffix += "\nmean over seeds, 95% t interval shaded" if cmp.groups is not None else ""
     ax.set_title(title + suffix)
     ax.set_xlabel(X_LABELS[cmp.x])
     ax.set_ylabel(ylabel)

@@ -2,6 +2,9 @@
 
 The output folder is reused between comparisons: plots listed in a previous summary.json that
 this comparison does not draw are removed, so summary.md never sits next to stale images.
+With --group-seeds, summary.json also has "groups" (seeds.group_summary: per group its seeds,
+runs, verdicts and every number as mean, ci_low, ci_high and each seed's value), and summary.md
+lists each group's seeds and runs above the grouped table.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from gspo_cli.compare.seeds import group_summary
 from gspo_cli.compare.series import X_LABELS
 from gspo_cli.compare.stats import Comparison
 from gspo_cli.compare.table import Row, markdown_table
@@ -61,6 +65,7 @@ def summary_data(cmp: Comparison, plots: list[Path], problems: list[str]) -> dic
                 "entropy_floor_fraction_of_initial": ENTROPY_FLOOR_FRACTION,
             },
             "runs": runs,
+            **({"groups": [group_summary(g) for g in cmp.groups]} if cmp.groups else {}),
             "plots": [p.name for p in plots],
             "problems": problems,
         }
@@ -68,16 +73,31 @@ def summary_data(cmp: Comparison, plots: list[Path], problems: list[str]) -> dic
     return data
 
 
+def _run_list(cmp: Comparison) -> list[str]:
+    if cmp.groups is None:
+        return [f"- `{r.run.name}`: `{r.run.path}`" for r in cmp.reports]
+    return [
+        f"- `{g.label}`: "
+        + ", ".join(f"seed {s} `{r.run.path}`" for s, r in zip(g.seeds, g.reports, strict=True))
+        for g in cmp.groups
+    ]
+
+
 def summary_markdown(
     cmp: Comparison, rows: list[Row], plots: list[Path], problems: list[str]
 ) -> str:
+    about = f"baseline: {cmp.baseline.run.name}."
+    if cmp.groups is not None:
+        about = (
+            "runs grouped by seed: each number is the mean over the seeds ± the half-width of "
+            "its 95% Student-t interval; curves are the mean with the interval shaded."
+        )
     lines = [
         "# gspo compare",
         "",
-        f"x axis: {X_LABELS[cmp.x]}; smoothing: trailing mean over {cmp.smooth} step(s); "
-        f"baseline: {cmp.baseline.run.name}.",
+        f"x axis: {X_LABELS[cmp.x]}; smoothing: trailing mean over {cmp.smooth} step(s); {about}",
         "",
-        *[f"- `{r.run.name}`: `{r.run.path}`" for r in cmp.reports],
+        *_run_list(cmp),
         "",
         markdown_table(cmp, rows),
     ]

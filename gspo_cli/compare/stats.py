@@ -10,13 +10,16 @@ different lengths are compared at the same point.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gspo_cli.compare.runs import Run
 from gspo_cli.compare.series import HELDOUT, RATIO_SPREAD, metric_series, smooth, x_positions
 from gspo_cli.compare.verdicts import Issue, assess
+
+if TYPE_CHECKING:
+    from gspo_cli.compare.seeds import SeedGroup
 
 MEANS = (
     "clip_frac",
@@ -59,6 +62,7 @@ class Comparison:
     smooth: int
     metrics: list[str] | None
     common_x: float | None
+    groups: list[SeedGroup] | None = None  # --group-seeds: the table's and plots' columns
 
 
 def mean_of(run: Run, key: str) -> float | None:

@@ -3,6 +3,11 @@
 Cells of runs other than the baseline carry their difference against it in brackets: reward and
 eval values as plain differences, accuracies and clip fractions in percentage points, and
 throughput in tokens/s.
+
+With --group-seeds the columns are seed groups (seeds.SeedGroup): the same cell functions format
+the group's Estimates as `mean ± 95% half-width`; settings rows (`shared`) show the value the
+seeds share (or each seed's); the stability row counts the seeds' verdicts. No differences
+against a baseline are shown: the intervals are the comparison.
 """
 
 from __future__ import annotations
@@ -14,23 +19,30 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from gspo_cli.compare.seeds import SeedGroup, stability_text
 from gspo_cli.compare.stats import Comparison, RunReport
 from gspo_cli.compare.verdicts import STABLE, verdict_text
 
 MISSING = "—"
 Row = tuple[str, list[str]]
 Cell = Callable[[RunReport], str | None]
+GroupCell = Callable[[SeedGroup], str | None]
 
 
 @dataclass(frozen=True)
 class RowSpec:
-    """A table row: shown when its metric is selected (None: always) and some run has it."""
+    """A table row: shown when its metric is selected (None: always) and some run has it.
+
+    Seed groups: `group_cell` when given, else `cell` of each seed when `shared` (a setting),
+    else `cell` of the group's view (its numbers as Estimates)."""
 
     label: str
     metric: str | None
     cell: Cell
     delta: str | None = None
     delta_format: str = "{:+.3f}"
+    shared: bool = False
+    group_cell: GroupCell | None = None
 
 
 def _get(report: RunReport, *keys: str) -> list[Any] | None:
@@ -114,10 +126,11 @@ def row_specs(cmp: Comparison) -> list[RowSpec]:
     """Every candidate row, in display order."""
     points = "{:+.1f} pts"
     specs = [
-        RowSpec("algorithm", None, _algorithm),
-        RowSpec("model", None, lambda r: str(r.stats["model"])),
-        RowSpec("steps done/planned", None, _steps),
-        RowSpec("stability", None, lambda r: verdict_text(r.issues)),
+        RowSpec("algorithm", None, _algorithm, shared=True),
+        RowSpec("model", None, lambda r: str(r.stats["model"]), shared=True),
+        RowSpec("seeds", None, lambda r: None, group_cell=lambda g: ", ".join(map(str, g.seeds))),
+        RowSpec("steps done/planned", None, _steps, shared=True),
+        RowSpec("stability", None, lambda r: verdict_text(r.issues), group_cell=stability_text),
         RowSpec("final reward", "reward_mean", _fmt("{:.3f}", "final_reward"), "final_reward"),
         RowSpec(
             "best reward",
@@ -139,7 +152,7 @@ def row_specs(cmp: Comparison) -> list[RowSpec]:
         RowSpec("clip fraction", "clip_frac", _clip, "clip_frac_mean", "{:+.2f} pts"),
         RowSpec("seq-ratio spread", "ratio_spread", _fmt("{:.4g}", "ratio_spread_mean")),
         RowSpec("entropy mean (first → last)", "entropy", _entropy),
-        RowSpec("routing replay", None, _routing_replay),
+        RowSpec("routing replay", None, _routing_replay, shared=True),
         RowSpec(
             "expert volatility / update",
             "expert_volatility",
@@ -183,8 +196,27 @@ def _delta_text(spec: RowSpec, report: RunReport, cmp: Comparison) -> str:
     return " (" + spec.delta_format.format(delta) + ")"
 
 
+def _shared_cell(spec: RowSpec, group: SeedGroup) -> str | None:
+    """The seeds' common text, or each seed's (`seed 1: 60/60; seed 2: 45/60 ...`)."""
+    texts = [spec.cell(r) for r in group.reports]
+    if len(set(texts)) == 1:
+        return texts[0]
+    return "; ".join(
+        f"seed {s}: {MISSING if t is None else t}" for s, t in zip(group.seeds, texts, strict=True)
+    )
+
+
+def group_cells(spec: RowSpec, groups: list[SeedGroup]) -> list[str | None]:
+    """One cell per seed group (see RowSpec)."""
+    if spec.group_cell is not None:
+        return [spec.group_cell(g) for g in groups]
+    if spec.shared:
+        return [_shared_cell(spec, g) for g in groups]
+    return [spec.cell(g.view) for g in groups]
+
+
 def build_rows(cmp: Comparison) -> list[Row]:
-    """(label, cells) of every selected row that at least one run has."""
+    """(label, cells) of every selected row that at least one run (or seed group) has."""
     rows: list[Row] = []
     for spec in row_specs(cmp):
         if spec.metric is not None and cmp.metrics is not None:
@@ -193,6 +225,11 @@ def build_rows(cmp: Comparison) -> list[Row]:
                 wanted |= {"clip_frac"} if wanted & {"clip_frac_low", "clip_frac_high"} else set()
             if spec.metric not in wanted:
                 continue
+        if cmp.groups is not None:
+            cells = group_cells(spec, cmp.groups)
+            if any(c is not None for c in cells):
+                rows.append((spec.label, [MISSING if c is None else c for c in cells]))
+            continue
         cells = [spec.cell(r) for r in cmp.reports]
         if all(c is None for c in cells):
             continue
@@ -205,11 +242,21 @@ def build_rows(cmp: Comparison) -> list[Row]:
 
 
 def headers(cmp: Comparison) -> list[str]:
+    if cmp.groups is not None:
+        return [g.label for g in cmp.groups]
     return [r.run.name + (" (baseline)" if r is cmp.baseline else "") for r in cmp.reports]
 
 
+def is_stable(cell: str) -> bool:
+    """A stability cell that reports no instability ("stable", or "stable 3/3" for a group)."""
+    return cell == STABLE or cell.startswith(f"{STABLE} ")
+
+
 def rich_table(cmp: Comparison, rows: list[Row]) -> Table:
-    title = f"gspo compare: {len(cmp.reports)} run(s), x = {cmp.x}, smooth = {cmp.smooth}"
+    runs = f"{len(cmp.reports)} run(s)"
+    if cmp.groups is not None:
+        runs += f" in {len(cmp.groups)} seed group(s), mean ± 95% t interval"
+    title = f"gspo compare: {runs}, x = {cmp.x}, smooth = {cmp.smooth}"
     table = Table(title=title, show_lines=False, header_style="bold")
     table.add_column("", style="bold", no_wrap=True)
     for header in headers(cmp):
@@ -217,7 +264,7 @@ def rich_table(cmp: Comparison, rows: list[Row]) -> Table:
     for label, cells in rows:
         # Text, not markup: run names and intervals may hold square brackets.
         unstable = label == "stability"
-        styled = [Text(c, style="red" if unstable and c != STABLE else "") for c in cells]
+        styled = [Text(c, style="red" if unstable and not is_stable(c) else "") for c in cells]
         table.add_row(Text(label), *styled)
     return table
 
@@ -226,8 +273,9 @@ def markdown_table(cmp: Comparison, rows: list[Row]) -> str:
     def esc(text: str) -> str:
         return text.replace("|", "\\|")
 
-    lines = ["| | " + " | ".join(esc(h) for h in headers(cmp)) + " |"]
-    lines.append("|---" * (len(cmp.reports) + 1) + "|")
+    names = headers(cmp)
+    lines = ["| | " + " | ".join(esc(h) for h in names) + " |"]
+    lines.append("|---" * (len(names) + 1) + "|")
     lines += [
         f"| {esc(label)} | " + " | ".join(esc(c) for c in cells) + " |" for label, cells in rows
     ]
