@@ -54,35 +54,33 @@ def tiny_dense(tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
     return Qwen3ForCausalLM(config)
 
 
-@BUILTIN_MODELS.register("tiny-moe")
-def tiny_moe(tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
-    """Qwen3-MoE architecture: 4 layers, 8 experts per layer, top-2 routing."""
+def _qwen3_moe(
+    tokenizer: PreTrainedTokenizerFast, layers: int, experts: int, expert_width: int
+) -> PreTrainedModel:
+    """A Qwen3-MoE of the shared width with top-2 routing."""
     config = Qwen3MoeConfig(
         intermediate_size=384,
-        moe_intermediate_size=128,
-        num_experts=8,
+        moe_intermediate_size=expert_width,
+        num_experts=experts,
         num_experts_per_tok=2,
         norm_topk_prob=True,
-        **_SHARED,
+        **{**_SHARED, "num_hidden_layers": layers},
         **_token_ids(tokenizer),
     )
     return Qwen3MoeForCausalLM(config)
+
+
+@BUILTIN_MODELS.register("tiny-moe")
+def tiny_moe(tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
+    """Qwen3-MoE architecture: 4 layers, 8 experts per layer, top-2 routing."""
+    return _qwen3_moe(tokenizer, layers=4, experts=8, expert_width=128)
 
 
 @BUILTIN_MODELS.register("tiny-moe-deep")
 def tiny_moe_deep(tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
     """Qwen3-MoE, 8 layers of 16 experts, top-2 (recipes/paper/): deep and wide enough for
     routing to matter, small enough to train on 2 CPU cores."""
-    config = Qwen3MoeConfig(
-        intermediate_size=384,
-        moe_intermediate_size=64,
-        num_experts=16,
-        num_experts_per_tok=2,
-        norm_topk_prob=True,
-        **{**_SHARED, "num_hidden_layers": 8},
-        **_token_ids(tokenizer),
-    )
-    return Qwen3MoeForCausalLM(config)
+    return _qwen3_moe(tokenizer, layers=8, experts=16, expert_width=64)
 
 
 def create_builtin(name: str, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:

@@ -88,6 +88,16 @@ def _batch(vocab: int, seed: int = 0) -> TrainBatch:
     return build_train_batch(RolloutBatch(prompts, responses, None, [""] * 3, [False] * 3), 0)
 
 
+def _natural_routing(
+    model: PreTrainedModel, routing: ExpertRouting, batch: TrainBatch
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(forced `[L, n, W, k]`, where `[n, W]`): the router's own choice, ready to replay."""
+    with torch.no_grad(), routing.record() as recording:
+        response_logprobs(model, batch, 1.0)
+    rows = split_rows(recording.routing(batch.input_ids.shape[0]), batch.attention_mask)
+    return join_rows(rows, batch.attention_mask)
+
+
 def _move_weights(model: PreTrainedModel, batch: TrainBatch) -> None:
     """A few large AdamW steps on the log-likelihood: far enough to re-route tokens."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
@@ -135,11 +145,7 @@ def test_replay_keeps_the_routers_gradient() -> None:
     routing = ExpertRouting.of(model)
     assert routing is not None
     batch = _batch(model.config.vocab_size)
-    with torch.no_grad(), routing.record() as recording:
-        response_logprobs(model, batch, 1.0)
-    forced, where = join_rows(
-        split_rows(recording.routing(3), batch.attention_mask), batch.attention_mask
-    )
+    forced, where = _natural_routing(model, routing, batch)
     with routing.replay(forced, where):
         logprobs, _ = response_logprobs(model, batch, 1.0)
     logprobs.sum().backward()
@@ -179,11 +185,7 @@ def test_a_router_that_does_not_choose_by_topk_fails_loudly() -> None:
             return logits, probs.gather(-1, order), order
 
         router.forward = by_sort
-    with torch.no_grad(), routing.record() as recording:
-        response_logprobs(model, batch, 1.0)
-    forced, where = join_rows(
-        split_rows(recording.routing(3), batch.attention_mask), batch.attention_mask
-    )
+    forced, where = _natural_routing(model, routing, batch)
     forced = (forced + 1) % model.config.num_experts  # other experts than the router's
     with torch.no_grad(), routing.replay(forced, where), pytest.raises(RoutingError):
         response_logprobs(model, batch, 1.0)
