@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -295,6 +296,13 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if "datasets" in sys.modules:  # imported already (a host process): the variable came late
         sys.modules["datasets"].disable_progress_bars()
+    # DeepSpeed 0.19's ZeRO calls this, deprecated in torch 2.13: one warning per rank per run
+    # that a user can do nothing about.
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
+        category=FutureWarning,
+    )
 
 
 def main() -> None:

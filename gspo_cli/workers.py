@@ -2,8 +2,11 @@
 
 A SIGKILLed (or OOM-killed) trainer runs no cleanup, so its children must arrange their own end:
 each one asks the Linux kernel for SIGKILL when its parent dies (`PR_SET_PDEATHSIG`). Pool workers
-also ignore SIGINT, so that Ctrl-C in a terminal (sent to the whole process group) reaches only
-the trainer, which then shuts its pools down cleanly, with no worker tracebacks.
+also leave the trainer's process group (and ignore SIGINT): a signal sent to that whole group
+(Ctrl-C in a terminal, torchrun's SIGTERM or SIGINT to each rank's group, `kill -- -PGID`)
+reaches only the trainer, which stops at its own pace (train/signals.py) and shuts its pools
+down cleanly, with no worker tracebacks and no pool broken in the middle of a step. SIGTERM
+keeps its default action, on which the pool relies to end the workers of a broken pool.
 
 The kernel's "parent" is the *thread* that created the child: pools must be started from a thread
 that lives as long as they do (the main thread, in gspo).
@@ -37,13 +40,14 @@ def die_with_parent(parent_pid: int) -> bool:
 
 
 def pool_worker_init(parent_pid: int) -> None:
-    """`initializer` of a worker pool: die with the parent, leave Ctrl-C to the parent.
+    """`initializer` of a worker pool: die with the parent, leave group signals to the parent.
 
     A forked worker inherits the trainer's signal handlers; SIGTERM goes back to the default
     (end at once), as the trainer's stop-at-the-next-step handler means nothing here.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.setpgid(0, 0)  # a group of its own: see the module's docstring
     die_with_parent(parent_pid)
 
 

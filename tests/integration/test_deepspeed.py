@@ -113,7 +113,7 @@ def test_resume_after_kill_with_two_processes(
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        start_new_session=True,  # the launcher and both ranks share one process group
+        start_new_session=True,  # torchrun and the ranks die with gspo train (parent-death signals)
     )
     latest = killed / "checkpoints" / "latest"
     deadline = time.monotonic() + 600

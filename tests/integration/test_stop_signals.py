@@ -44,6 +44,14 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _descendants(pid: int) -> list[int]:
+    """`pid`'s children, theirs, and so on: a launcher's ranks and their workers."""
+    found = _children(pid)
+    for child in list(found):
+        found += _descendants(child)
+    return found
+
+
 def _alive(pids: list[int]) -> list[int]:
     alive = []
     for pid in pids:
@@ -68,12 +76,13 @@ class Trainer:
     """`gspo train` in its own session, output in files: an orphan holding a pipe open must not
     hang the test, and a signal to the group is what a terminal's Ctrl-C sends."""
 
-    def __init__(self, tmp_path: Path, **overrides: object) -> None:
+    def __init__(self, tmp_path: Path, nproc: int = 1, **overrides: object) -> None:
         from gspo_cli.recipe import deep_merge
 
         self.recipe = write_recipe(tmp_path, deep_merge(LONG_RUN, overrides))
         self.out = tmp_path / "run"
         self.argv = ["train", str(self.recipe), "--out", str(self.out)]
+        self.argv += ["--nproc", str(nproc)] if nproc > 1 else []
         self.stdout, self.stderr = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
         with open(self.stdout, "w") as out, open(self.stderr, "w") as err:
             self.proc = subprocess.Popen(
@@ -110,8 +119,8 @@ class Trainer:
 def trainer(tmp_path: Path):  # type: ignore[no-untyped-def]
     started: list[Trainer] = []
 
-    def start(**overrides: object) -> Trainer:
-        started.append(Trainer(tmp_path, **overrides))
+    def start(nproc: int = 1, **overrides: object) -> Trainer:
+        started.append(Trainer(tmp_path, nproc, **overrides))
         return started[-1]
 
     yield start
@@ -168,6 +177,31 @@ def test_ctrl_c_stops_with_one_line_and_no_worker_traceback(trainer) -> None:  #
     line = _stop_line(run)
     assert line.startswith("stopped at step ") and line.endswith(" --resume"), line
     assert _wait_gone(workers) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_two_processes_stop_with_one_line_and_leave_no_process(trainer, signum: int) -> None:  # type: ignore[no-untyped-def]
+    """`--nproc 2`: SIGTERM goes to `gspo train` alone (as a scheduler sends it), Ctrl-C to its
+    whole group (as a terminal does). The ranks stop together at a step boundary and checkpoint
+    it; torchrun, the ranks and their verifier workers end, and only `gspo train` prints."""
+    pytest.importorskip("deepspeed")
+    # A long grace: on a busy machine a step may take more than LONG_RUN's 2 s.
+    run = trainer(nproc=2, trainer={"engine": "deepspeed", "stop_grace_s": 120})
+    run.wait_for_step(2)
+    launched = _descendants(run.proc.pid)  # torchrun, its 2 ranks, their verifier workers
+    assert len(launched) >= 5, "ranks or workers not found: the test would be vacuous"
+    if signum == signal.SIGTERM:
+        os.kill(run.proc.pid, signum)
+    else:
+        os.killpg(run.proc.pid, signum)
+    assert run.finish(timeout=300) == 128 + signum, run.stderr.read_text()[-3000:]
+    line = _stop_line(run)  # the only line on stderr, from any process, and no traceback
+    done = len((run.out / "metrics.jsonl").read_text().splitlines())
+    command = f"gspo train {run.recipe} --out {run.out} --nproc 2 --resume"
+    assert line == f"stopped at step {done} (checkpoint saved); resume with: {command}"
+    assert (run.out / CHECKPOINTS / LATEST).read_text().strip() == f"step_{done:06d}"
+    assert _wait_gone(launched) == [], "processes outlived the stopped run"
 
 
 @pytest.mark.slow

@@ -124,6 +124,38 @@ def test_maths_verifier_workers_ignore_ctrl_c() -> None:
     assert "_process_worker" not in err, err
 
 
+def test_maths_verifier_workers_do_not_get_a_signal_sent_to_the_trainers_group() -> None:
+    """torchrun stops a rank with SIGTERM to the rank's whole process group; the trainer stops
+    at its step boundary, still scoring with its workers (a broken pool would score 0.0)."""
+    script = POOL.replace(
+        "time.sleep(600)",
+        "import signal\n"
+        "got = []\n"
+        "signal.signal(signal.SIGTERM, lambda *_: got.append(1))\n"
+        "print('ready', flush=True)\n"
+        "while not got:\n"
+        "    time.sleep(0.01)\n"
+        "print(pool.score(['\\\\boxed{2}'], ['2']), flush=True)\n",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert (proc.returncode, out.strip(), err) == (0, "[1.0]", "")
+
+
 SANDBOXED_SLEEP = """
 import sys
 from gspo_cli.rewards.code.sandbox import Limits, run_program
