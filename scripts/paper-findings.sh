@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduce docs/paper-findings.md: GSPO vs GRPO vs GRPO + Routing Replay on the tiny MoE,
-# 3 seeds each, plus the stress setting (1 seed each), then `gspo compare` of each group.
+# 3 seeds each, plus the stress setting (3 seeds each), then `gspo compare` of each group.
 # Every run starts from ONE shared cold-start checkpoint (`gspo sft`, seed 0), so seeds vary
 # the RL only and no run repeats the SFT. Two runs at a time, one torch thread each (2 cores:
 # ~30 min). Runs land in $RUNS (default runs/paper); comparisons in docs/paper-findings/.
@@ -23,7 +23,9 @@ jobs=()
 for recipe in gspo grpo grpo-routing-replay; do
   for seed in $SEEDS; do jobs+=("$recipe $seed"); done
 done
-for recipe in stress-gspo stress-grpo stress-grpo-rr; do jobs+=("$recipe 1"); done
+for recipe in stress-gspo stress-grpo stress-grpo-rr; do
+  for seed in $SEEDS; do jobs+=("$recipe $seed"); done
+done
 
 run_one() {  # recipe seed: skipped when finished, resumed when cut short
   local recipe=$1 seed=$2 out="$RUNS/$1-s$2"
@@ -50,4 +52,8 @@ for recipe in gspo grpo grpo-routing-replay; do
   for seed in $SEEDS; do main_runs+=("$RUNS/$recipe-s$seed"); done
 done
 "$GSPO" compare "${main_runs[@]}" --group-seeds --out docs/paper-findings/main --smooth 5
-"$GSPO" compare "$RUNS"/stress-*-s1 --out docs/paper-findings/stress --smooth 5
+stress_runs=()
+for recipe in stress-gspo stress-grpo stress-grpo-rr; do
+  for seed in $SEEDS; do stress_runs+=("$RUNS/$recipe-s$seed"); done
+done
+"$GSPO" compare "${stress_runs[@]}" --group-seeds --out docs/paper-findings/stress --smooth 5

@@ -24,6 +24,7 @@ from transformers import (
 
 from gspo_cli.models.routing import ExpertRouting, Recording, RoutingError
 from gspo_cli.rollout.base import RolloutBatch, SamplingParams
+from gspo_cli.rollout.seeded import GumbelMaxSampling, row_seeds
 
 log = logging.getLogger(__name__)
 
@@ -112,15 +113,13 @@ class HFGenerateEngine:
         self.model.generation_config = self._neutral_config(saved_config)
         self.model.eval()
         try:
-            if seeds is None:
-                repeated = [p for p in prompts for _ in range(params.num_samples)]
-                for start in range(0, len(repeated), self.max_batch):
-                    self._generate_chunk(repeated[start : start + self.max_batch], params, batch)
-            else:  # one generate call per prompt, on its own seed: slower, batching-independent
-                for prompt, seed in zip(prompts, seeds, strict=True):
-                    with torch.random.fork_rng(devices=self._cuda_devices()):
-                        torch.manual_seed(seed)
-                        self._generate_chunk([prompt] * params.num_samples, params, batch)
+            repeated = [p for p in prompts for _ in range(params.num_samples)]
+            # With seeds, every response draws its own noise: batching-independent, batched.
+            response_seeds = None if seeds is None else row_seeds(seeds, params.num_samples)
+            for start in range(0, len(repeated), self.max_batch):
+                chunk = slice(start, start + self.max_batch)
+                chunk_seeds = None if response_seeds is None else response_seeds[chunk]
+                self._generate_chunk(repeated[chunk], params, batch, chunk_seeds)
         finally:
             self.model.generation_config = saved_config
             self.model.train(was_training)
@@ -148,14 +147,14 @@ class HFGenerateEngine:
             pad_token_id=saved.pad_token_id,
         )
 
-    def _cuda_devices(self) -> list[int]:
-        device = next(self.model.parameters()).device
-        return [device.index or 0] if device.type == "cuda" else []
-
     def _processors(
-        self, params: SamplingParams, recorder: ChosenTokenLogprobs | None
+        self,
+        params: SamplingParams,
+        recorder: ChosenTokenLogprobs | None,
+        seeds: list[int] | None,
     ) -> LogitsProcessorList:
-        """Our own list, in order: record raw log-probs first, then temperature, top-k, top-p."""
+        """Our own list, in order: record raw log-probs first, then temperature, top-k, top-p,
+        then (seeded) each row's Gumbel noise for a greedy pick."""
         processors = LogitsProcessorList([recorder] if recorder is not None else [])
         if params.temperature > 0:
             if params.temperature != 1.0:
@@ -164,10 +163,17 @@ class HFGenerateEngine:
                 processors.append(TopKLogitsWarper(params.top_k))
             if params.top_p < 1.0:
                 processors.append(TopPLogitsWarper(params.top_p))
+            if seeds is not None:
+                device = next(self.model.parameters()).device
+                processors.append(GumbelMaxSampling(seeds, device))
         return processors
 
     def _generate_chunk(
-        self, prompts: list[list[int]], params: SamplingParams, out: RolloutBatch
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        out: RolloutBatch,
+        seeds: list[int] | None = None,
     ) -> None:
         pad_id = int(self.tokenizer.pad_token_id)
         eos_id = int(self.tokenizer.eos_token_id)
@@ -180,7 +186,7 @@ class HFGenerateEngine:
         recorder = ChosenTokenLogprobs(params.temperature) if params.logprobs else None
         routing = ExpertRouting.of(self.model) if out.routed_experts is not None else None
         with contextlib.nullcontext(None) if routing is None else routing.record() as experts:
-            generated = self._sample(input_ids, attention, params, recorder)
+            generated = self._sample(input_ids, attention, params, recorder, seeds)
         new_tokens = generated[:, width:]  # [n, T]
         logprobs = recorder.finish(new_tokens[:, -1]).cpu() if recorder is not None else None
         new_tokens = new_tokens.cpu()
@@ -202,22 +208,24 @@ class HFGenerateEngine:
         attention: torch.Tensor,
         params: SamplingParams,
         recorder: ChosenTokenLogprobs | None,
+        seeds: list[int] | None,
     ) -> torch.Tensor:
-        """`[n, P + T]` prompts and sampled tokens from one `generate` call."""
+        """`[n, P + T]` prompts and sampled tokens from one `generate` call (greedy over
+        Gumbel-perturbed scores when seeded: the noise is the sampling)."""
         device = next(self.model.parameters()).device
         eos_id, pad_id = int(self.tokenizer.eos_token_id), int(self.tokenizer.pad_token_id)
         # temperature/top-k/top-p are neutral here: our processors apply them, after the recorder.
         return self.model.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),
-            do_sample=params.temperature > 0,
+            do_sample=params.temperature > 0 and seeds is None,
             temperature=1.0,
             top_p=1.0,
             top_k=0,
             max_new_tokens=params.max_new_tokens,
             eos_token_id=eos_id,
             pad_token_id=pad_id,
-            logits_processor=self._processors(params, recorder),
+            logits_processor=self._processors(params, recorder, seeds),
             synced_gpus=self.synced_gpus,
         )
 
