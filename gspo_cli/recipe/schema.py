@@ -358,6 +358,17 @@ class TrainerConfig(Section):
     micro_batch_size: int = Field(
         0, ge=0, description="Sequences per forward/backward; 0 = a whole minibatch at once."
     )
+    max_tokens_per_micro_batch: int = Field(
+        0,
+        ge=0,
+        description="Padded tokens per forward/backward (rows x longest prompt + response); "
+        "rows are length-bucketed under it. 0 = no budget.",
+    )
+    skip_zero_advantage: bool = Field(
+        True,
+        description="Leave responses whose advantage is exactly 0 out of every forward and "
+        "backward (the gradient is unchanged; off automatically with a KL or router aux term).",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to train.")
     seed: int = Field(0, description="Seed of sampling, initialisation and shuffling.")
     out_dir: str = Field("runs", description="Parent folder of run folders.")

@@ -43,17 +43,24 @@ class DistContext:
         dist.all_reduce(tensor)
         return float(tensor.item())
 
+    def all_reduce_max(self, value: float) -> float:
+        if not self.active:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return float(tensor.item())
+
     def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         """Means of means, min of mins, max of maxes, sums of counts; throughput summed."""
         if not self.active:
             return metrics
         gathered: list[Any] = [None] * self.world
         dist.all_gather_object(gathered, metrics)
-        weights = [float(g["response_tokens"]) for g in gathered]
-        out = {
-            key: combine(key, [float(g[key]) for g in gathered if key in g], weights)
-            for key in metrics
-        }
+        out: dict[str, float] = {}
+        for key in dict.fromkeys(k for g in gathered for k in g):  # every rank's keys, in order
+            holders = [g for g in gathered if key in g]  # a rank that trained no row lacks some
+            weights = [float(g["response_tokens"]) for g in holders]
+            out[key] = combine(key, [float(g[key]) for g in holders], weights)
         out["tokens_per_s"] = out["completion_tokens"] / max(out["time_step_s"], 1e-9)
         return out
 

@@ -1,9 +1,11 @@
 """The DeepSpeed training engine: ZeRO 0-3, bf16 or fp32, offload, derived from the recipe.
 
 Gradient accumulation is driven by the RL step: it calls `backward` once per micro-batch and
-`step` once per minibatch. DeepSpeed is told the number of micro-batches per optimiser step
-(`gradient_accumulation_steps`) so that its own step lands exactly on the minibatch boundary,
-and losses arrive already normalised (`scale_wrt_gas=False`).
+`step` once per minibatch. The number of micro-batches varies (zero-advantage rows are left
+out, rows are bucketed under a token budget), so each `backward` sets DeepSpeed's accumulation
+boundary itself and DeepSpeed steps exactly on the minibatch's last one; losses arrive
+already normalised (`scale_wrt_gas=False`). `gradient_accumulation_steps` is the count with
+no row left out, for DeepSpeed's own bookkeeping.
 """
 
 from __future__ import annotations
@@ -109,14 +111,17 @@ class DeepSpeedEngine:
         """ZeRO-0 keeps whole optimizer states; ZeRO 1-3 partition them per rank."""
         return self.zero_stage == 0
 
-    def logprobs(self, batch: TrainBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return response_logprobs(self.ds, batch.to(self.ds.device), temperature)
+    def logprobs(
+        self, batch: TrainBatch, temperature: float, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return response_logprobs(self.ds, batch.to(self.ds.device), temperature, entropy)
 
-    def backward(self, loss: torch.Tensor | None) -> None:
+    def backward(self, loss: torch.Tensor | None, boundary: bool) -> None:
         # DeepSpeed averages gradients over ranks; the loss is normalised by global counts, so
         # multiplying by the world size turns that average into the global sum. A non-finite
-        # micro-batch (None) adds no gradient, but DeepSpeed still counts it towards the
-        # accumulation boundary.
+        # micro-batch (None) adds no gradient. The number of micro-batches varies (skipped
+        # rows, token budget), so the RL step says where the boundary is.
+        self.ds.set_gradient_accumulation_boundary(boundary)
         if loss is not None:
             self.ds.backward(loss * self.ctx.world, scale_wrt_gas=False)
         self.ds.step()  # applies the optimiser only on the accumulation boundary

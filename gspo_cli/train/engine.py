@@ -34,12 +34,15 @@ class TrainEngine(Protocol):
         """Whether a checkpoint resumes at another world size (whole, unpartitioned state)."""
         ...
 
-    def logprobs(self, batch: TrainBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """`[n, T]` response log-probs (with grad) and entropy (no grad)."""
+    def logprobs(
+        self, batch: TrainBatch, temperature: float, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`[n, T]` response log-probs (with grad) and, when asked, entropy (no grad)."""
         ...
 
-    def backward(self, loss: torch.Tensor | None) -> None:
-        """Accumulate the gradient of `loss`; None: this micro-batch is left out (non-finite)."""
+    def backward(self, loss: torch.Tensor | None, boundary: bool) -> None:
+        """Accumulate the gradient of `loss`; None: this micro-batch is left out (non-finite).
+        `boundary`: the minibatch's last micro-batch (their number varies from step to step)."""
         ...
 
     def step(self, skip: bool = False) -> tuple[float, bool]:
@@ -83,8 +86,8 @@ class LogprobModel(Protocol):
     """Anything that scores responses: a training engine or a frozen reference policy."""
 
     def logprobs(
-        self, batch: TrainBatch, temperature: float
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+        self, batch: TrainBatch, temperature: float, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
 
 class FrozenPolicy:
@@ -93,10 +96,11 @@ class FrozenPolicy:
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
 
-    def logprobs(self, batch: TrainBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return response_logprobs(
-            self.model, batch.to(next(self.model.parameters()).device), temperature
-        )
+    def logprobs(
+        self, batch: TrainBatch, temperature: float, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        device = next(self.model.parameters()).device
+        return response_logprobs(self.model, batch.to(device), temperature, entropy)
 
 
 def optimizer_steps(recipe: Recipe) -> int:
@@ -132,17 +136,21 @@ class TorchEngine:
             params, recipe.optimizer, optimizer_steps(recipe)
         )
 
-    def logprobs(self, batch: TrainBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return response_logprobs(
-            self.model, batch.to(next(self.model.parameters()).device), temperature
-        )
+    def logprobs(
+        self, batch: TrainBatch, temperature: float, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        device = next(self.model.parameters()).device
+        return response_logprobs(self.model, batch.to(device), temperature, entropy)
 
-    def backward(self, loss: torch.Tensor | None) -> None:
+    def backward(self, loss: torch.Tensor | None, boundary: bool) -> None:
         if loss is not None:
             loss.backward()
 
     def step(self, skip: bool = False) -> tuple[float, bool]:
         params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:  # AdamW steps every parameter the same way, whatever rows were run
+            if p.grad is None:  # (an expert no row reached, a minibatch with no signal)
+                p.grad = torch.zeros_like(p)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
         applied = not skip and math.isfinite(grad_norm)
         if applied:

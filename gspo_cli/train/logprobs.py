@@ -1,4 +1,4 @@
-"""Per-token log-probs (and entropy) of response tokens under a causal LM."""
+"""Per-token log-probs (and, where a metric reads it, entropy) of response tokens."""
 
 from __future__ import annotations
 
@@ -7,14 +7,18 @@ from transformers import PreTrainedModel
 
 from gspo_cli.train.batch import TrainBatch
 
+ENTROPY_CHUNK_ROWS = 8  # rows per no-grad entropy pass: bounds its [rows, T, V] temporaries
+
 
 def response_logprobs(
-    model: PreTrainedModel, batch: TrainBatch, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """log pi(y_t | x, y_<t) `[n, T]` at the sampling temperature, and the entropy `[n, T]`.
+    model: PreTrainedModel, batch: TrainBatch, temperature: float, entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(y_t | x, y_<t) `[n, T]` at the sampling temperature, and the entropy `[n, T]`
+    when asked (a metric: computed without grad, in chunks of rows), else None.
 
-    The entropy is computed without grad (a metric). Logits of the prompt are never
-    materialised beyond the last prompt position.
+    Logits of the prompt are never materialised beyond the last prompt position, and the
+    log-probs are the chosen logit minus the logsumexp: no second `[n, T, V]` tensor (a
+    log-softmax) is built next to the logits.
     """
     outputs = model(
         input_ids=batch.input_ids,
@@ -28,8 +32,13 @@ def response_logprobs(
     if temperature > 0:
         logits = logits / temperature
     targets = batch.input_ids[:, -t:]  # [n, T]
-    log_probs = torch.log_softmax(logits, dim=-1)  # [n, T, V]
-    token_logprobs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [n, T]
+    chosen = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [n, T]
+    token_logprobs = chosen - torch.logsumexp(logits, dim=-1)  # [n, T]
+    if not entropy:
+        return token_logprobs, None
     with torch.no_grad():
-        entropy = -(log_probs.exp() * log_probs).sum(dim=-1)  # [n, T]
-    return token_logprobs, entropy
+        parts = []
+        for rows in logits.detach().split(ENTROPY_CHUNK_ROWS):  # each [r, T, V]
+            log_p = torch.log_softmax(rows, dim=-1)
+            parts.append(-(log_p.exp() * log_p).sum(dim=-1))  # [r, T]
+    return token_logprobs, torch.cat(parts)

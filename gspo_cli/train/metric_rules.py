@@ -38,7 +38,7 @@ def combine(key: str, values: list[float], token_weights: list[float]) -> float:
         return max(values)
     if key in SUMMED:
         return sum(values)
-    if key in TOKEN_WEIGHTED:
+    if key in TOKEN_WEIGHTED and sum(token_weights) > 0:  # (0: every row was skipped)
         weighted = sum(v * w for v, w in zip(values, token_weights, strict=True))
         return weighted / sum(token_weights)
     return sum(values) / len(values)

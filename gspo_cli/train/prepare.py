@@ -164,6 +164,8 @@ def prepare_run(
         recipe.trainer.micro_batch_size,
         recipe.rollout.use_engine_logprobs,
         int(tokenizer.pad_token_id),
+        recipe.trainer.max_tokens_per_micro_batch,
+        recipe.trainer.skip_zero_advantage,
     )
     return PreparedRun(
         recipe, ctx, device, run_dir, console, tokenizer, train_set, eval_problems, engine,

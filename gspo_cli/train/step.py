@@ -24,6 +24,7 @@ from gspo_cli.train.batch import TrainBatch, build_train_batch, pad_logprobs
 from gspo_cli.train.distributed import LOCAL, DistContext
 from gspo_cli.train.engine import LogprobModel, TrainEngine
 from gspo_cli.train.metric_rules import combine
+from gspo_cli.train.micro import MicroBatch, StepPlan, plan_step, rows_with_signal
 from gspo_cli.train.replay import PROBE_ROWS, StepRouting
 from gspo_cli.train.rewards import RewardModel
 
@@ -35,6 +36,15 @@ class StepSettings:
     micro_batch_size: int  # 0 = a whole minibatch per forward/backward
     use_engine_logprobs: bool
     pad_id: int
+    max_tokens_per_micro_batch: int = 0  # padded tokens per forward/backward; 0 = no budget
+    skip_zero_advantage: bool = True
+
+    @property
+    def skips_zero_advantage(self) -> bool:
+        """Only where every gradient term is a multiple of the advantage: no KL to a reference
+        and no router aux loss (both still need the zero-advantage rows)."""
+        algo = self.algorithm
+        return self.skip_zero_advantage and algo.kl_coef == 0 and algo.router_aux_coef == 0
 
 
 @dataclass
@@ -48,23 +58,24 @@ class StepOutput:
 def _forward_no_grad(
     engine: LogprobModel,
     batch: TrainBatch,
-    chunk: int,
+    plan: list[MicroBatch],
     temperature: float,
     routing: StepRouting | None = None,
 ) -> torch.Tensor:
-    """`[N, T]` log-probs of the current weights, without grad, in chunks (the pi_old forward
-    when `routing` is given: it records or replays the experts)."""
+    """`[N, T]` log-probs of the current weights, without grad, for the rows of `plan` (0 for
+    the others); the pi_old forward when `routing` is given: it records or replays experts."""
     out = torch.zeros(batch.response_mask.shape)
     with torch.no_grad():
-        for index in torch.arange(batch.input_ids.shape[0]).split(chunk):
+        for index, filler in plan:
             sub = batch.select(index).trimmed()
             with (
                 contextlib.nullcontext()
-                if routing is None
+                if routing is None or filler
                 else routing.old_policy_forward(sub, index)
             ):
                 lp, _ = engine.logprobs(sub, temperature)
-            out[index, : lp.shape[1]] = lp.float().cpu()
+            if not filler:
+                out[index, : lp.shape[1]] = lp.float().cpu()
     return out
 
 
@@ -72,7 +83,7 @@ def _pi_old(
     engine: LogprobModel,
     rollout: RolloutBatch,
     batch: TrainBatch,
-    micro: int,
+    plan: list[MicroBatch],
     temperature: float,
     settings: StepSettings,
     routing: StepRouting,
@@ -92,7 +103,7 @@ def _pi_old(
         if engine_lp is None:
             raise ValueError("use_engine_logprobs needs the rollout engine's log-probs")
         return engine_lp, None, mask, {}
-    old_lp = _forward_no_grad(engine, batch, micro, temperature, routing)  # [N, T]
+    old_lp = _forward_no_grad(engine, batch, plan, temperature, routing)  # [N, T]
     if engine_lp is None:
         return old_lp, None, mask, {}
     clip = (float(algo.clip_low or 0), float(algo.clip_high or 0))
@@ -120,6 +131,56 @@ def _mismatch(
     metrics = mismatch_metrics(logprobs.detach(), engine_lp.to(logprobs.device), mask, *clip)
     for key, value in metrics.items():
         parts[key].append(value)
+
+
+def _micro_batch_loss(
+    parts: dict[str, list[float]],
+    settings: StepSettings,
+    first_update: bool,
+    logprobs: torch.Tensor,
+    entropy: torch.Tensor | None,
+    index: torch.Tensor,
+    width: int,
+    old_lp: torch.Tensor,
+    ref_lp: torch.Tensor | None,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    weights: torch.Tensor | None,
+    norm: float,
+) -> torch.Tensor:
+    """The policy loss of rows `index` (`logprobs` `[m, width]`), normalised by the whole
+    minibatch's `norm`; its metrics go to `parts`."""
+    algo = settings.algorithm
+    device = logprobs.device
+    mask = loss_mask[index, :width].to(device)  # [m, width]
+    old = old_lp[index, :width].to(device)  # [m, width]
+    tokens = mask.sum().clamp(min=1)
+    if first_update:  # nothing updated yet: pi must equal pi_old
+        if entropy is not None:
+            parts["entropy_before"].append(float((entropy * mask).sum() / tokens))
+        parts["first_ratio_gap_max"].append(float(((logprobs.detach() - old) * mask).abs().max()))
+        if settings.use_engine_logprobs:
+            _mismatch(parts, logprobs, old, mask, algo)
+    loss, metrics = compute_policy_loss(
+        logprobs,
+        old,
+        advantages[index].to(device),
+        mask,
+        algorithm=algo.name,
+        clip_low=float(algo.clip_low or 0),
+        clip_high=float(algo.clip_high or 0),
+        loss_agg=algo.loss_agg,
+        normalizer=norm,
+        ref_logprobs=None if ref_lp is None else ref_lp[index, :width].to(device),
+        kl_coef=algo.kl_coef,
+        token_weights=None if weights is None else weights[index, :width].to(device),
+    )
+    if entropy is not None:
+        parts["entropy"].append(float((entropy * mask).sum() / tokens))
+    parts["response_tokens"].append(float(mask.sum()))
+    for key, value in metrics.items():
+        parts[key].append(value)
+    return loss
 
 
 def minibatch_split(
@@ -174,68 +235,58 @@ def rl_step(
     advantages = group_advantages(reward_t, g, scale=algo.scale_advantages)  # [N]
     batch = build_train_batch(rollout, settings.pad_id)
     n = batch.input_ids.shape[0]
-    mini = n // algo.minibatches
-    micro = settings.micro_batch_size or mini
     if ctx.world > 1 and g % algo.minibatches:
         raise ValueError("with several processes, algorithm.minibatches must divide group_size")
+    splits = minibatch_split(len(prompts), g, algo.minibatches, step_seed, group_offset)
+    plan = plan_step(
+        batch.attention_mask[:, : batch.prompt_width].sum(dim=1),  # [N] prompt lengths
+        batch.response_mask.sum(dim=1),  # [N] response lengths
+        splits,
+        rows_with_signal(advantages, settings.skips_zero_advantage),
+        (settings.micro_batch_size or n // algo.minibatches, settings.max_tokens_per_micro_batch),
+        ctx,
+        # the engine's log-probs are compared with (or corrected by) pi_old of every row
+        forward_all=rollout.completion_logprobs is not None and not settings.use_engine_logprobs,
+    )
     temperature = params.temperature
     routing = StepRouting(
         engine.model, algo.routing_replay, n, rollout.routed_experts, algo.router_aux_coef
     )
     old_lp, weights, loss_mask, correction_metrics = _pi_old(
-        engine, rollout, batch, micro, temperature, settings, routing
+        engine, rollout, batch, plan.forward, temperature, settings, routing
     )
-    ref_lp = _forward_no_grad(ref_engine, batch, micro, temperature) if ref_engine else None
+    ref_lp = _forward_no_grad(ref_engine, batch, plan.forward, temperature) if ref_engine else None
 
     parts: dict[str, list[float]] = defaultdict(list)
     for key, value in correction_metrics.items():
         parts[key].append(value)
-    splits = minibatch_split(len(prompts), g, algo.minibatches, step_seed, group_offset)
     skipped: list[bool] = []  # per minibatch: the non-finite guard left its update out
-    for number, minibatch in enumerate(splits):
+    for number, (minibatch, micro_batches) in enumerate(zip(splits, plan.minibatches, strict=True)):
+        # every row counts in the normaliser, trained or not: the gradient stays the same
         norm = ctx.all_reduce_sum(loss_normalizer(loss_mask[minibatch], algo.loss_agg))
         minibatch_loss, bad_minibatch = 0.0, False
-        for part, index in enumerate(minibatch.split(micro)):
+        for part, (index, filler) in enumerate(micro_batches):
             sub = batch.select(index).trimmed()
             width = sub.response_mask.shape[1]
             probe = index[:PROBE_ROWS] if part == 0 and routing.is_moe else None
             with routing.training_forward(sub, index, probe) as router_logits:
-                logprobs, entropy = engine.logprobs(sub, temperature)
-            mask = loss_mask[index, :width].to(logprobs.device)
-            if number == 0:  # nothing updated yet: pi must equal pi_old
-                parts["entropy_before"].append(
-                    float((entropy * mask).sum() / mask.sum().clamp(min=1))
-                )
-                first_gap = (logprobs.detach() - old_lp[index, :width].to(logprobs.device)) * mask
-                parts["first_ratio_gap_max"].append(float(first_gap.abs().max()))
-                if settings.use_engine_logprobs:
-                    _mismatch(parts, logprobs, old_lp[index, :width], mask, algo)
-            loss, metrics = compute_policy_loss(
-                logprobs,
-                old_lp[index, :width].to(logprobs.device),
-                advantages[index].to(logprobs.device),
-                mask,
-                algorithm=algo.name,
-                clip_low=float(algo.clip_low or 0),
-                clip_high=float(algo.clip_high or 0),
-                loss_agg=algo.loss_agg,
-                normalizer=norm,
-                ref_logprobs=None if ref_lp is None else ref_lp[index, :width].to(logprobs.device),
-                kl_coef=algo.kl_coef,
-                token_weights=None if weights is None else weights[index, :width].to(mask.device),
-            )
-            aux = routing.aux_loss(router_logits, sub)
-            if aux is not None:  # the minibatch's mean over micro-batches and ranks
-                loss = loss + aux * (len(index) / (len(minibatch) * ctx.world))
-                parts["router_aux_loss"].append(float(aux.detach()))
+                logprobs, entropy = engine.logprobs(sub, temperature, entropy=not filler)
+            if filler:  # keeps this rank in step with the others; adds nothing
+                loss = logprobs.sum() * 0.0
+            else:
+                loss = _micro_batch_loss(
+                    parts, settings, number == 0, logprobs, entropy, index, width,
+                    old_lp, ref_lp, advantages, loss_mask, weights, norm,
+                )  # fmt: skip
+                aux = routing.aux_loss(router_logits, sub)
+                if aux is not None:  # the minibatch's mean over micro-batches and ranks
+                    loss = loss + aux * (len(index) / (len(minibatch) * ctx.world))
+                    parts["router_aux_loss"].append(float(aux.detach()))
             finite = ctx.all_reduce_sum(0.0 if torch.isfinite(loss) else 1.0) == 0.0
-            engine.backward(loss if finite else None)  # every rank takes the same decision
+            # every rank takes the same decision
+            engine.backward(loss if finite else None, boundary=part == len(micro_batches) - 1)
             bad_minibatch |= not finite
             minibatch_loss += ctx.all_reduce_sum(float(loss.detach()))  # global normaliser
-            parts["entropy"].append(float((entropy * mask).sum() / mask.sum().clamp(min=1)))
-            parts["response_tokens"].append(float(mask.sum()))
-            for key, value in metrics.items():
-                parts[key].append(value)
         parts["loss"].append(minibatch_loss)
         grad_norm, applied = engine.step(skip=bad_minibatch)
         routing.after_update(batch, applied)  # MoE: volatility across this one update
@@ -257,10 +308,28 @@ def rl_step(
     )
     summary.update(routing.metrics())
     summary["bad_updates"] = float(sum(skipped))
+    _count_skipped_rows(summary, plan, loss_mask, advantages)
     # Skipped updates at the end of this step, which continue into the next step's count.
     trailing = next((i for i, bad in enumerate(reversed(skipped)) if not bad), len(skipped))
     summary["bad_updates_trailing"] = float(trailing)
     return StepOutput(ctx.reduce_metrics(summary), rollout, rewards)
+
+
+def _count_skipped_rows(
+    summary: dict[str, float], plan: StepPlan, loss_mask: torch.Tensor, advantages: torch.Tensor
+) -> None:
+    """Clip fractions stay shares of ALL response tokens, as without skipping (a skipped,
+    zero-advantage token is never clipped), and the zero-advantage share is over all rows.
+    Ratio statistics and entropy are over the trained tokens."""
+    summary["zero_adv_skipped_frac"] = 1.0 - plan.trained_rows / len(advantages)
+    if plan.trained_rows == len(advantages):
+        return
+    trained = [m.rows for micro in plan.minibatches for m in micro if not m.filler]
+    rows = torch.cat(trained) if trained else torch.zeros(0, dtype=torch.long)
+    share = float(loss_mask[rows].sum() / loss_mask.sum().clamp(min=1))
+    for key in ("clip_frac", "clip_frac_low", "clip_frac_high"):
+        summary[key] = summary.get(key, 0.0) * share
+    summary["zero_adv_seq_frac"] = float((advantages == 0).float().mean())
 
 
 def _summarise(
@@ -278,7 +347,7 @@ def _summarise(
 ) -> dict[str, float]:
     lengths = torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32)
     out: dict[str, float] = {}
-    tokens = parts.pop("response_tokens")
+    tokens = parts.pop("response_tokens", [])
     for key, values in parts.items():
         # Per-micro-batch values weigh by their tokens; a whole-batch value stands alone.
         weights = tokens if len(values) == len(tokens) else [1.0] * len(values)

@@ -44,8 +44,7 @@ def test_train_writes_a_complete_run_folder(tiny_recipe, tmp_path: Path) -> None
         "accuracy",
         "clip_frac_low",
         "clip_frac_high",
-        "seq_ratio_max",
-        "entropy",
+        "zero_adv_skipped_frac",
         "grad_norm",
         "lr",
         "response_len_mean",
@@ -60,6 +59,9 @@ def test_train_writes_a_complete_run_folder(tiny_recipe, tmp_path: Path) -> None
         "heldout_accuracy",
     ):
         assert key in metrics[2], key
+    # statistics of the trained tokens: in every step that trained some (not all rows skipped)
+    trained = [rec for rec in metrics.values() if rec["zero_adv_skipped_frac"] < 1]
+    assert trained and all("seq_ratio_max" in r and "entropy" in r for r in trained)
     evals = [json.loads(x) for x in (run / "eval.jsonl").read_text().splitlines()]
     assert [e["step"] for e in evals] == [0, 2]
     assert (run / "recipe.yaml").is_file() and (run / "samples.jsonl").is_file()

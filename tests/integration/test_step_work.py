@@ -1,0 +1,160 @@
+"""Work the RL step leaves out must not change the update: zero-advantage rows skipped,
+length-bucketed micro-batches under a token budget (train/micro.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from gspo_cli.models import create_builtin
+from gspo_cli.recipe import Recipe
+from gspo_cli.rollout import SamplingParams
+from gspo_cli.rollout.hf import HFGenerateEngine
+from gspo_cli.train.batch import TrainBatch
+from gspo_cli.train.distributed import LOCAL
+from gspo_cli.train.micro import bucket
+from gspo_cli.train.step import StepSettings, rl_step
+from tests.integration.test_rl_step import GROUP, PROMPTS, FixedRollout, GradCapturingEngine
+
+# Prompts 0 and 2 are "solved" by every sample (a group with no signal); 1 and 3 vary.
+ROWS = [{"prompt": "p", "answer": a} for a in ("all", "parity", "all", "parity")]
+
+
+class HalfSolvedReward:
+    def __call__(
+        self, completions: list[str], rows: list[dict[str, Any]]
+    ) -> tuple[list[float], list[float]]:
+        scores = [
+            1.0 if r["answer"] == "all" else float(len(c) % 2)
+            for c, r in zip(completions, rows, strict=True)
+        ]
+        return scores, scores
+
+
+class CountingEngine(GradCapturingEngine):
+    """Also counts the rows and the (padded) tokens every forward computes."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.rows = 0
+        self.tokens = 0
+
+    def logprobs(
+        self, batch: TrainBatch, temperature: float, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self.rows += batch.input_ids.shape[0]
+        self.tokens += batch.input_ids.numel()
+        return super().logprobs(batch, temperature, entropy)
+
+
+def _rollout() -> FixedRollout:
+    model, tokenizer = create_builtin("tiny-dense", seed=5)
+    torch.manual_seed(5)
+    params = SamplingParams(max_new_tokens=16, num_samples=GROUP)
+    return FixedRollout(HFGenerateEngine(model, tokenizer).generate(PROMPTS, params))
+
+
+def _run(algorithm: str, agg: str, minibatches: int, **step: Any):  # type: ignore[no-untyped-def]
+    model, tokenizer = create_builtin("tiny-dense", seed=5)
+    recipe = Recipe.model_validate(
+        {
+            "algorithm": {"name": algorithm, "minibatches": minibatches, "loss_agg": agg},
+            "optimizer": {"lr": 1e-3},
+        }
+    )
+    params = SamplingParams(temperature=1.0, max_new_tokens=16, num_samples=GROUP)
+    pad = int(tokenizer.pad_token_id)
+    settings = StepSettings(recipe.algorithm, params, 0, False, pad, **step)
+    engine = CountingEngine(model, recipe, LOCAL)
+    out = rl_step(engine, ROLLOUT, HalfSolvedReward(), PROMPTS, ROWS, settings, 0)
+    return engine, out.metrics, model
+
+
+ROLLOUT = _rollout()
+AGGREGATIONS = ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"]
+
+
+def _max_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+@pytest.mark.parametrize("algorithm", ["gspo", "gspo_token", "grpo"])
+def test_skipping_zero_advantage_rows_leaves_the_gradient_unchanged(
+    algorithm: str, agg: str
+) -> None:
+    full, full_metrics, _ = _run(algorithm, agg, 1, skip_zero_advantage=False)
+    lean, lean_metrics, _ = _run(algorithm, agg, 1, skip_zero_advantage=True)
+    assert _max_gap(full.grads[0], lean.grads[0]) < 1e-6
+    assert max(float(g.abs().max()) for g in full.grads[0].values()) > 1e-3  # a real gradient
+    assert full_metrics["zero_adv_skipped_frac"] == 0.0
+    skipped = lean_metrics["zero_adv_skipped_frac"]
+    assert skipped >= 0.5  # two of four groups carry no signal
+    # pi_old and the training forward both left the skipped rows out
+    assert lean.rows == pytest.approx(full.rows * (1 - skipped))
+    assert lean_metrics["loss"] == pytest.approx(full_metrics["loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ["gspo", "grpo"])
+def test_clip_fractions_stay_shares_of_all_response_tokens(algorithm: str) -> None:
+    _, full, _ = _run(algorithm, "seq_mean_token_mean", 4, skip_zero_advantage=False)
+    _, lean, _ = _run(algorithm, "seq_mean_token_mean", 4, skip_zero_advantage=True)
+    print(
+        full["clip_frac"], lean["clip_frac"], full["zero_adv_seq_frac"], lean["zero_adv_seq_frac"]
+    )
+    assert full["clip_frac"] > 0
+    assert lean["clip_frac"] == pytest.approx(full["clip_frac"], rel=1e-3)
+    assert lean["zero_adv_seq_frac"] == pytest.approx(full["zero_adv_seq_frac"])
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_a_token_budget_leaves_the_gradient_unchanged_and_computes_less_padding(agg: str) -> None:
+    padded, _, _ = _run("grpo", agg, 2, skip_zero_advantage=False)
+    budget, _, _ = _run("grpo", agg, 2, skip_zero_advantage=False, max_tokens_per_micro_batch=60)
+    assert budget.rows == padded.rows  # the same rows, in more, narrower micro-batches
+    assert budget.tokens < padded.tokens
+    assert _max_gap(padded.grads[0], budget.grads[0]) < 1e-6
+
+
+def test_a_step_without_signal_still_steps_the_optimiser_the_same_way() -> None:
+    class Solved(HalfSolvedReward):
+        def __call__(self, completions: list[str], rows: list[dict[str, Any]]) -> Any:
+            return super().__call__(completions, [{"answer": "all"}] * len(rows))
+
+    finals = []
+    for skip in (False, True):
+        model, tokenizer = create_builtin("tiny-dense", seed=5)
+        recipe = Recipe.model_validate({"optimizer": {"lr": 1e-3, "weight_decay": 0.1}})
+        params = SamplingParams(max_new_tokens=16, num_samples=GROUP)
+        settings = StepSettings(
+            recipe.algorithm, params, 0, False, int(tokenizer.pad_token_id),
+            skip_zero_advantage=skip,
+        )  # fmt: skip
+        engine = CountingEngine(model, recipe, LOCAL)
+        out = rl_step(engine, ROLLOUT, Solved(), PROMPTS, ROWS, settings, 0)
+        finals.append((model.state_dict(), out.metrics, engine.rows))
+    (full, _, full_rows), (lean, lean_metrics, lean_rows) = finals
+    assert all(torch.equal(full[k], lean[k]) for k in full)  # weight decay alike, no gradient
+    assert lean_metrics["zero_adv_skipped_frac"] == 1.0 and lean_rows < full_rows
+
+
+def test_a_kl_term_keeps_every_row() -> None:
+    recipe = Recipe.model_validate({"algorithm": {"kl_coef": 0.01}})
+    settings = StepSettings(recipe.algorithm, SamplingParams(), 0, False, 0)
+    assert settings.skip_zero_advantage and not settings.skips_zero_advantage
+
+
+def test_buckets_hold_every_row_once_within_the_caps() -> None:
+    prompts = torch.tensor([5, 5, 9, 5, 5, 7, 5, 5])
+    responses = torch.tensor([3, 30, 10, 2, 31, 4, 20, 1])
+    rows = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7])
+    batches = bucket(rows, prompts, responses, max_rows=3, max_tokens=80)
+    assert sorted(torch.cat(batches).tolist()) == rows.tolist()
+    for b in batches:
+        cost = len(b) * int(prompts[b].max() + responses[b].max())
+        assert len(b) <= 3 and (cost <= 80 or len(b) == 1)
+    assert batches[0].tolist()[0] == 4  # longest first: a memory peak shows at once
+    assert [len(b) for b in bucket(rows, prompts, responses, 0, 0)] == [8]
