@@ -17,7 +17,7 @@ if [[ ! -f $COLD/cold_start/config.json ]]; then
   "$GSPO" sft recipes/paper/moe-base.yaml --out "$COLD" --set trainer.seed=0 \
     --set logging.console=plain >"$COLD.log" 2>&1 || { echo "FAILED: cold start" >&2; exit 1; }
 fi
-SHARED=(--set "model.path=$PWD/$COLD/cold_start" --set cold_start.enabled=false)
+SHARED=(--set "model.path=$(realpath "$COLD")/cold_start" --set cold_start.enabled=false)
 
 jobs=()
 for recipe in gspo grpo grpo-routing-replay; do

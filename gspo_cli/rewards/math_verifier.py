@@ -1,8 +1,10 @@
 """Math reward: the last \\boxed{} answer checked against the reference with Math-Verify.
 
 Math-Verify times out with signals, which only work in a process's main thread, so checks run
-in a pool of worker processes. A check that still hangs past the outer deadline scores 0 and the
-pool is replaced: a bad answer never stops training.
+in a pool of worker processes, a chunk of answers per task (one task per answer costs more in
+pickling and wake-ups than a check: 2 workers were slower than 1 process). A chunk that hangs
+past its outer deadline is scored again one answer per task; an answer that still hangs scores
+0 and the pool is replaced: a bad answer never stops training.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from gspo_cli.workers import pool_worker_init
 
 # The outer deadline allows Math-Verify's own parse + verify timeouts to fire first.
 OUTER_DEADLINE_FACTOR = 3.0
+CHUNKS_PER_WORKER = 2  # a few chunks per worker: balanced load, few round trips
 
 
 def check_answer(completion: str, gold: str, timeout_s: float = 5.0) -> float:
@@ -42,6 +45,11 @@ def check_answer(completion: str, gold: str, timeout_s: float = 5.0) -> float:
         return 1.0 if verify(gold_parsed, pred_parsed, timeout_seconds=timeout) else 0.0
     except Exception:  # Math-Verify raises on pathological input; that is a wrong answer.
         return 0.0
+
+
+def check_answers(pairs: list[tuple[str, str]], timeout_s: float) -> list[float]:
+    """`check_answer` over a chunk of (completion, gold) pairs, in one worker task."""
+    return [check_answer(completion, gold, timeout_s) for completion, gold in pairs]
 
 
 class MathVerifierPool:
@@ -73,7 +81,8 @@ class MathVerifierPool:
         pairs = [(c, str(a)) for c, a in zip(completions, answers, strict=True)]
         scores: list[float | None] = [None] * len(pairs)
         deadline = self.timeout_s * OUTER_DEADLINE_FACTOR + 5.0
-        while None in scores:
+        self._score_in_chunks(pairs, scores, deadline)
+        while None in scores:  # what a hung chunk left: one answer per task finds the culprit
             pending = [i for i, v in enumerate(scores) if v is None]
             futures = {
                 i: self._executor().submit(check_answer, *pairs[i], self.timeout_s) for i in pending
@@ -88,6 +97,24 @@ class MathVerifierPool:
                     self._restart()
                     break
         return [float(v or 0.0) for v in scores]
+
+    def _score_in_chunks(
+        self, pairs: list[tuple[str, str]], scores: list[float | None], deadline: float
+    ) -> None:
+        """Fill `scores` chunk by chunk; stop at the first chunk that hangs or breaks the pool."""
+        size = max(1, -(-len(pairs) // (self.num_workers * CHUNKS_PER_WORKER)))  # ceil
+        starts = range(0, len(pairs), size)
+        futures = [
+            self._executor().submit(check_answers, pairs[s : s + size], self.timeout_s)
+            for s in starts
+        ]
+        for start, future in zip(starts, futures, strict=True):
+            try:
+                values = future.result(timeout=deadline * size)
+            except (FutureTimeout, BrokenProcessPool, CancelledError):
+                self._restart()
+                return
+            scores[start : start + size] = values
 
     def _restart(self) -> None:
         if self._pool is not None:
