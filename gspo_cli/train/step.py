@@ -260,7 +260,7 @@ def rl_step(
     parts: dict[str, list[float]] = defaultdict(list)
     for key, value in correction_metrics.items():
         parts[key].append(value)
-    skipped: list[bool] = []  # per minibatch: the non-finite guard left its update out
+    bad_updates: list[bool] = []  # per minibatch: the non-finite guard left its update out
     for number, (minibatch, micro_batches) in enumerate(zip(splits, plan.minibatches, strict=True)):
         # every row counts in the normaliser, trained or not: the gradient stays the same
         norm = ctx.all_reduce_sum(loss_normalizer(loss_mask[minibatch], algo.loss_agg))
@@ -291,7 +291,7 @@ def rl_step(
         grad_norm, applied = engine.step(skip=bad_minibatch)
         routing.after_update(batch, applied)  # MoE: volatility across this one update
         parts["grad_norm"].append(grad_norm)
-        skipped.append(not applied)
+        bad_updates.append(not applied)
     t_train = time.perf_counter()
     summary = _summarise(
         parts,
@@ -307,10 +307,10 @@ def rl_step(
         engine.lr,
     )
     summary.update(routing.metrics())
-    summary["bad_updates"] = float(sum(skipped))
+    summary["bad_updates"] = float(sum(bad_updates))
     _count_skipped_rows(summary, plan, loss_mask, advantages)
     # Skipped updates at the end of this step, which continue into the next step's count.
-    trailing = next((i for i, bad in enumerate(reversed(skipped)) if not bad), len(skipped))
+    trailing = next((i for i, bad in enumerate(reversed(bad_updates)) if not bad), len(bad_updates))
     summary["bad_updates_trailing"] = float(trailing)
     return StepOutput(ctx.reduce_metrics(summary), rollout, rewards)
 
