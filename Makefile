@@ -67,6 +67,7 @@ bench: setup
 	$(BIN)/python benchmarks/rl_step_throughput.py
 	$(BIN)/python benchmarks/sandbox_throughput.py
 	$(BIN)/python benchmarks/engine_throughput.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/step_savings.py
 
 # The main job: cold start + GSPO on the built-in task, on CPU, offline; prints held-out accuracy.
 quickstart: setup

@@ -214,14 +214,15 @@ class HFGenerateEngine:
         Gumbel-perturbed scores when seeded: the noise is the sampling)."""
         device = next(self.model.parameters()).device
         eos_id, pad_id = int(self.tokenizer.eos_token_id), int(self.tokenizer.pad_token_id)
-        # temperature/top-k/top-p are neutral here: our processors apply them, after the recorder.
+        do_sample = params.temperature > 0 and seeds is None
+        # temperature/top-k/top-p are neutral here: our processors apply them, after the recorder
+        # (greedy generate takes no sampling knobs at all, or warns that it ignores them).
+        neutral = {"temperature": 1.0, "top_p": 1.0, "top_k": 0} if do_sample else {}
         return self.model.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),
-            do_sample=params.temperature > 0 and seeds is None,
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
+            do_sample=do_sample,
+            **neutral,
             max_new_tokens=params.max_new_tokens,
             eos_token_id=eos_id,
             pad_token_id=pad_id,
