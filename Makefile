@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup test test-fast test-vllm vllm-cpu lint fmt bench quickstart clean
+.PHONY: setup test test-fast test-vllm vllm-cpu lint fmt bench bench-trl quickstart clean
 .PHONY: sandbox-deps docker-build docker-test container-ci
 
 $(BIN)/gspo: pyproject.toml
@@ -69,6 +69,29 @@ bench: setup
 	$(BIN)/python benchmarks/engine_throughput.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/step_savings.py
 
+# The head-to-head against TRL's GRPOTrainer (benchmarks/vs_trl.py). TRL is never a dependency of
+# the package: it lives in its own venv (.venv-trl) with the same torch pin and the same
+# transformers version as the main venv, and this repo installed editable beside it.
+TRL_VENV ?= .venv-trl
+TRL_SPEC ?= trl==1.16.*
+TRL_ARGS ?=
+
+# The transformers pin is read from the main venv (built first if missing).
+TRL_TRANSFORMERS = transformers==$$($(BIN)/python -c 'import transformers; print(transformers.__version__)')
+
+$(TRL_VENV)/bin/gspo: pyproject.toml | $(BIN)/gspo
+	$(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/pip install --quiet --upgrade pip
+	$(TRL_VENV)/bin/pip install --quiet "$(TORCH_SPEC)"
+	$(TRL_VENV)/bin/pip install --quiet "$(TRL_SPEC)" "$(TORCH_SPEC)" "$(TRL_TRANSFORMERS)"
+	$(TRL_VENV)/bin/pip install --quiet -e . "$(TORCH_SPEC)" "$(TRL_TRANSFORMERS)"
+	touch $(TRL_VENV)/bin/gspo
+
+# OMP_NUM_THREADS=1: one thread per framework process, the figures the README records.
+# Pass flags with TRL_ARGS, e.g. make bench-trl TRL_ARGS="--shapes tiny-dense --rounds 3".
+bench-trl: $(TRL_VENV)/bin/gspo
+	OMP_NUM_THREADS=1 $(TRL_VENV)/bin/python benchmarks/vs_trl.py $(TRL_ARGS)
+
 # The main job: cold start + GSPO on the built-in task, on CPU, offline; prints held-out accuracy.
 quickstart: setup
 	$(BIN)/gspo train recipes/quickstart.yaml --out runs/quickstart-$$(date +%Y%m%d-%H%M%S)
@@ -96,4 +119,4 @@ container-ci:
 	scripts/container-ci.sh
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(TRL_VENV) .pytest_cache .mypy_cache .ruff_cache
