@@ -29,7 +29,7 @@ def response_logprobs(
     )
     t = batch.response_mask.shape[1]
     logits = outputs.logits[:, -t - 1 : -1].float()  # [n, T, V]: position j predicts token j+1
-    if temperature > 0:
+    if temperature > 0 and temperature != 1.0:  # (a division by 1 would copy [n, T, V])
         logits = logits / temperature
     targets = batch.input_ids[:, -t:]  # [n, T]
     chosen = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [n, T]
