@@ -8,6 +8,8 @@ over ranks: runs stay independent of the number of processes at batched speed.
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import torch
 from transformers import LogitsProcessor
@@ -38,4 +40,5 @@ class GumbelMaxSampling(LogitsProcessor):
         uniform = torch.stack([torch.rand(vocab, generator=g) for g in self.generators])  # [n, V]
         tiny = torch.finfo(uniform.dtype).tiny
         gumbel = -torch.log(-torch.log(uniform.clamp(min=tiny)))  # [n, V]
-        return scores + gumbel.to(self.device, scores.dtype)  # -inf (filtered) stays -inf
+        noisy = scores + gumbel.to(self.device, scores.dtype)  # -inf (filtered) stays -inf
+        return cast(torch.FloatTensor, noisy)
