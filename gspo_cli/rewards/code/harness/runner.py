@@ -169,8 +169,9 @@ def failure(exc: BaseException) -> tuple[str, str]:
 
 def program_process(spec: dict[str, Any], code: CodeType, fds: dict[str, int]) -> NoReturn:
     """The untrusted side: never returns, and never holds the status pipe."""
-    for name in ("status", "check", "to_program_w", "from_program_r"):
-        os.close(fds[name])  # first of all: the verdict's pipe and the check's expected values
+    for name in ("status", "check", "to_program_w", "from_program_r", "checker_alive"):
+        if name in fds:  # first of all: the verdict's pipe and the check's expected values
+            os.close(fds[name])
     drop_privileges(spec["uid"], spec["harness_pid"])
     if spec["guard"]:
         import guard  # loaded by main(), before the uid changed
@@ -287,6 +288,9 @@ def main() -> None:
         code = compile(spec["code"], "solution.py", "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:  # ValueError: null bytes in the source
         report(status_fd, {"status": "syntax_error", "error": f"{type(exc).__name__}: {exc}"})
+    # rlimits as root: nothing else ends the program when the checker dies (see start_sentinel)
+    sentinel = spec["isolation"] == "rlimits" and spec["uid"] is not None and os.getuid() == 0
+    checker_alive = start_sentinel(spec["uid"]) if sentinel else None
     to_program_r, to_program_w = os.pipe()
     from_program_r, from_program_w = os.pipe()
     fds = {
@@ -294,6 +298,8 @@ def main() -> None:
         "to_program_w": to_program_w, "from_program_r": from_program_r,
         "from_program_w": from_program_w,
     }  # fmt: skip
+    if checker_alive is not None:
+        fds["checker_alive"] = checker_alive
     spec["harness_pid"] = os.getpid()  # the program's parent, which it must die with
     pid = os.fork()
     if pid == 0:
@@ -307,6 +313,36 @@ def main() -> None:
     os.close(from_program_w)
     drop_privileges(spec["checker_uid"], spec["parent_pid"])
     report(status_fd, check_program(spec, pid, fds))
+
+
+def start_sentinel(uid: int) -> int:
+    """Fork a root process that kills every process of the program's `uid` once the checker is
+    gone; returns the pipe end only the checker holds (its EOF is the checker's end).
+
+    Without a pid namespace the program would rely on a parent-death signal from its checker,
+    and the kernel checks that signal against the dying checker, whose uid of its own may not
+    signal the program's: a SIGKILLed trainer (which kills the checker) would leave the program
+    running. The sentinel stays root, reads nothing untrusted and can be signalled by no run.
+    """
+    read_end, write_end = os.pipe()
+    if os.fork() == 0:
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):  # hold no copy of the judge's pipes
+                os.dup2(null, fd)
+            keep = sorted({read_end, null})
+            os.closerange(3, keep[0])
+            os.closerange(keep[0] + 1, keep[-1])
+            os.closerange(keep[-1] + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+            os.read(read_end, 1)  # returns at EOF: the checker ended, normally or killed
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            os.kill(-1, 9)  # every process this uid may signal: the program's, not this one
+        finally:
+            os._exit(0)
+    os.close(read_end)
+    return write_end
 
 
 def report(status_fd: int, status: dict[str, Any]) -> NoReturn:
