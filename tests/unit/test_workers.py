@@ -169,9 +169,9 @@ run_program(
 
 
 # Every mode: bwrap and unshare end with their pid namespace; rlimits (weak isolation, opt-in)
-# as root through its sentinel (harness/runner.py), since the kernel drops the checker's
-# parent-death signal to the program's other uid.
-MODES = [m for m in available_modes() if m != "rlimits" or os.getuid() == 0]
+# by parent-death signals, and as root through its sentinel (harness/runner.py), since the
+# kernel drops the checker's parent-death signal to the program's other uid.
+MODES = available_modes()
 
 
 @pytest.mark.parametrize("mode", MODES)

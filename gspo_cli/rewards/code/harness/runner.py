@@ -83,9 +83,13 @@ def set_limits(spec: dict[str, Any]) -> None:
         resource.setrlimit(kind, value)
 
 
-def drop_privileges(uid: int | None, parent: int | None) -> None:
-    """Root runs the program and the checker as two private uids (RLIMIT_NPROC binds them)."""
+def drop_privileges(uid: int | None, parent: int | None, weak: bool) -> None:
+    """Root runs the program and the checker as two private uids (RLIMIT_NPROC binds them).
+    Without a uid change, the weak modes still ask for the parent-death signal: with one uid
+    for all, the kernel lets a dying parent's signal through."""
     if uid is None or os.getuid() != 0:
+        if weak:
+            __import__("kernel").die_with_parent(parent)
         return
     os.setgroups([])
     os.setgid(uid)
@@ -172,7 +176,7 @@ def program_process(spec: dict[str, Any], code: CodeType, fds: dict[str, int]) -
     for name in ("status", "check", "to_program_w", "from_program_r", "checker_alive"):
         if name in fds:  # first of all: the verdict's pipe and the check's expected values
             os.close(fds[name])
-    drop_privileges(spec["uid"], spec["harness_pid"])
+    drop_privileges(spec["uid"], spec["harness_pid"], spec["weak"])
     if spec["guard"]:
         import guard  # loaded by main(), before the uid changed
         import kernel
@@ -311,7 +315,7 @@ def main() -> None:
             os._exit(1)  # never back into the checker's code
     os.close(to_program_r)
     os.close(from_program_w)
-    drop_privileges(spec["checker_uid"], spec["parent_pid"])
+    drop_privileges(spec["checker_uid"], spec["parent_pid"], spec["weak"])
     report(status_fd, check_program(spec, pid, fds))
 
 
