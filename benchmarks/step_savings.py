@@ -85,8 +85,9 @@ def _train_seconds(
     weights, on a fresh copy so that every variant starts from the same point."""
     copy_ = copy.deepcopy(model)
     recipe = Recipe.model_validate({"algorithm": {"minibatches": 4}})
-    settings = StepSettings(recipe.algorithm, SamplingParams(num_samples=SAMPLES), 0, False, 0)
-    settings = StepSettings(**{**settings.__dict__, **step})
+    settings = StepSettings(
+        recipe.algorithm, SamplingParams(num_samples=SAMPLES), 0, False, 0, **step
+    )
     engine = TorchEngine(copy_, recipe, LOCAL)
     prompts = rollout.batch.prompt_ids[::SAMPLES]
     out = rl_step(engine, rollout, reward, prompts, [{}] * PROMPTS, settings, 0)

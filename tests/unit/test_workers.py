@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,9 +100,9 @@ def test_maths_verifier_workers_die_with_a_sigkilled_parent() -> None:
     _kill_and_check(POOL, [], lambda kids: len(kids) >= 2)
 
 
-def test_maths_verifier_workers_ignore_ctrl_c() -> None:
-    """Ctrl-C reaches the whole process group; only the parent may react (no worker traceback)."""
-    script = POOL.replace("time.sleep(600)", "print('ready', flush=True)\ntime.sleep(600)")
+def _signal_group_when_ready(script: str, sig: int, **popen: Any) -> tuple[int, str, str]:
+    """Run `script` in a session of its own; once it prints "ready", send `sig` to its whole
+    process group and return (exit code, stdout, stderr)."""
     proc = subprocess.Popen(
         [sys.executable, "-c", script],
         cwd=REPO,
@@ -109,16 +110,23 @@ def test_maths_verifier_workers_ignore_ctrl_c() -> None:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        preexec_fn=interruptible,
+        **popen,
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        os.killpg(proc.pid, sig)
+        out, err = proc.communicate(timeout=120)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    return proc.returncode, out, err
+
+
+def test_maths_verifier_workers_ignore_ctrl_c() -> None:
+    """Ctrl-C reaches the whole process group; only the parent may react (no worker traceback)."""
+    script = POOL.replace("time.sleep(600)", "print('ready', flush=True)\ntime.sleep(600)")
+    _, _, err = _signal_group_when_ready(script, signal.SIGINT, preexec_fn=interruptible)
     # The parent's own KeyboardInterrupt (no handler in this script) is the one traceback.
     assert err.count("Traceback") == 1, err
     assert "_process_worker" not in err, err
@@ -137,23 +145,8 @@ def test_maths_verifier_workers_do_not_get_a_signal_sent_to_the_trainers_group()
         "    time.sleep(0.01)\n"
         "print(pool.score(['\\\\boxed{2}'], ['2']), flush=True)\n",
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        os.killpg(proc.pid, signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert (proc.returncode, out.strip(), err) == (0, "[1.0]", "")
+    returncode, out, err = _signal_group_when_ready(script, signal.SIGTERM)
+    assert (returncode, out.strip(), err) == (0, "[1.0]", "")
 
 
 SANDBOXED_SLEEP = """
