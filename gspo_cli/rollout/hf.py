@@ -154,7 +154,7 @@ class HFGenerateEngine:
         seeds: list[int] | None,
     ) -> LogitsProcessorList:
         """Our own list, in order: record raw log-probs first, then temperature, top-k, top-p,
-        then (seeded) each row's Gumbel noise for a greedy pick."""
+        then Gumbel noise for a greedy pick where `_gumbel_sampling` says so."""
         processors = LogitsProcessorList([recorder] if recorder is not None else [])
         if params.temperature > 0:
             if params.temperature != 1.0:
@@ -163,10 +163,18 @@ class HFGenerateEngine:
                 processors.append(TopKLogitsWarper(params.top_k))
             if params.top_p < 1.0:
                 processors.append(TopPLogitsWarper(params.top_p))
-            if seeds is not None:
-                device = next(self.model.parameters()).device
-                processors.append(GumbelMaxSampling(seeds, device))
+            if self._gumbel_sampling(params, seeds):
+                processors.append(GumbelMaxSampling(seeds, self._device))
         return processors
+
+    @property
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _gumbel_sampling(self, params: SamplingParams, seeds: list[int] | None) -> bool:
+        """Sample by Gumbel noise and a greedy pick: always when seeded (per-row noise), and on
+        CPU without seeds too (faster than softmax + multinomial); on GPUs `generate` samples."""
+        return params.temperature > 0 and (seeds is not None or self._device.type == "cpu")
 
     def _generate_chunk(
         self,
@@ -211,10 +219,10 @@ class HFGenerateEngine:
         seeds: list[int] | None,
     ) -> torch.Tensor:
         """`[n, P + T]` prompts and sampled tokens from one `generate` call (greedy over
-        Gumbel-perturbed scores when seeded: the noise is the sampling)."""
-        device = next(self.model.parameters()).device
+        Gumbel-perturbed scores where `_gumbel_sampling`: the noise is the sampling)."""
+        device = self._device
         eos_id, pad_id = int(self.tokenizer.eos_token_id), int(self.tokenizer.pad_token_id)
-        do_sample = params.temperature > 0 and seeds is None
+        do_sample = params.temperature > 0 and not self._gumbel_sampling(params, seeds)
         # temperature/top-k/top-p are neutral here: our processors apply them, after the recorder
         # (greedy generate takes no sampling knobs at all, or warns that it ignores them).
         neutral = {"temperature": 1.0, "top_p": 1.0, "top_k": 0} if do_sample else {}

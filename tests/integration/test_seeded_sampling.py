@@ -1,7 +1,8 @@
-"""Seeded sampling in one batched generate: per-row Gumbel noise (rollout/seeded.py)."""
+"""Sampling in one batched greedy generate with Gumbel noise, per row or not (rollout/seeded.py)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gspo_cli.models import create_builtin
@@ -13,10 +14,11 @@ from tests.integration.test_rl_step import PROMPTS
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=12, num_samples=3)
 
 
-def test_gumbel_max_samples_the_softmax() -> None:
+@pytest.mark.parametrize("per_row", [True, False], ids=["seeded", "unseeded"])
+def test_gumbel_max_samples_the_softmax(per_row: bool) -> None:
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, float("-inf")]])  # [1, V]; last one filtered
     rows = 40_000
-    noise = GumbelMaxSampling(list(range(rows)), torch.device("cpu"))
+    noise = GumbelMaxSampling(list(range(rows)) if per_row else None, torch.device("cpu"))
     picks = noise(torch.zeros((rows, 1), dtype=torch.long), logits.expand(rows, -1)).argmax(-1)
     frequencies = torch.bincount(picks, minlength=5).float() / rows
     # std of a frequency <= 0.0025 at 40,000 draws: 0.01 is four of them
@@ -52,3 +54,15 @@ def test_seeded_top_k_of_one_is_greedy() -> None:
 def test_row_seeds_differ_within_and_across_prompts() -> None:
     seeds = row_seeds([1, 2], 4)
     assert len(set(seeds)) == 8 and row_seeds([1, 2], 4) == seeds
+
+
+def test_unseeded_cpu_rollouts_sample_by_gumbel_noise_and_follow_the_global_seed() -> None:
+    model, tokenizer = create_builtin("tiny-dense", seed=3)
+    engine = HFGenerateEngine(model, tokenizer)
+    processors = engine._processors(PARAMS, None, None)
+    assert isinstance(processors[-1], GumbelMaxSampling)  # no multinomial on CPU
+    torch.manual_seed(0)
+    first = engine.generate(PROMPTS, PARAMS).completion_ids
+    torch.manual_seed(0)
+    assert engine.generate(PROMPTS, PARAMS).completion_ids == first
+    assert len({tuple(c) for c in first}) > len(PROMPTS)  # the samples of a prompt differ
