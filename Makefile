@@ -88,7 +88,8 @@ $(TRL_VENV)/bin/gspo: pyproject.toml | $(BIN)/gspo
 	touch $(TRL_VENV)/bin/gspo
 
 # OMP_NUM_THREADS=1: one thread per framework process, the figures the README records.
-# Pass flags with TRL_ARGS, e.g. make bench-trl TRL_ARGS="--shapes tiny-dense --rounds 3".
+# Pass flags with TRL_ARGS, e.g. make bench-trl TRL_ARGS="--shapes tiny-dense --rounds 3";
+# --workload realistic (uneven lengths, some no-signal groups) or fixed,realistic for both.
 bench-trl: $(TRL_VENV)/bin/gspo
 	OMP_NUM_THREADS=1 $(TRL_VENV)/bin/python benchmarks/vs_trl.py $(TRL_ARGS)
 
