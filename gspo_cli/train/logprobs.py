@@ -6,6 +6,7 @@ import torch
 from transformers import PreTrainedModel
 
 from gspo_cli.train.batch import TrainBatch
+from gspo_cli.train.lm_head import at_least_float32, head_logprobs, plain_linear_head
 
 ENTROPY_CHUNK_ROWS = 8  # rows per no-grad entropy pass: bounds its [rows, T, V] temporaries
 
@@ -16,10 +17,22 @@ def response_logprobs(
     """log pi(y_t | x, y_<t) `[n, T]` at the sampling temperature, and the entropy `[n, T]`
     when asked (a metric: computed without grad, in chunks of rows), else None.
 
-    Logits of the prompt are never materialised beyond the last prompt position, and the
-    log-probs are the chosen logit minus the logsumexp: no second `[n, T, V]` tensor (a
-    log-softmax) is built next to the logits.
+    A plain linear LM head (most causal LMs) is applied by `lm_head.head_logprobs`: response
+    tokens only, one `[tokens, V]` tensor in all. Other models give their own logits, never
+    beyond the last prompt position; the log-probs are the chosen logit minus the logsumexp.
     """
+    head = plain_linear_head(model)
+    if head is not None:
+        return head_logprobs(
+            model,
+            head,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.position_ids,
+            batch.response_mask,
+            temperature,
+            entropy,
+        )
     outputs = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -28,7 +41,7 @@ def response_logprobs(
         logits_to_keep=batch.response_mask.shape[1] + 1,
     )
     t = batch.response_mask.shape[1]
-    logits = outputs.logits[:, -t - 1 : -1].float()  # [n, T, V]: position j predicts token j+1
+    logits = at_least_float32(outputs.logits[:, -t - 1 : -1])  # [n, T, V]: j predicts token j+1
     if temperature > 0 and temperature != 1.0:  # (a division by 1 would copy [n, T, V])
         logits = logits / temperature
     targets = batch.input_ids[:, -t:]  # [n, T]

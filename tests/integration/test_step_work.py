@@ -26,9 +26,10 @@ class HalfSolvedReward:
     def __call__(
         self, completions: list[str], rows: list[dict[str, Any]]
     ) -> tuple[list[float], list[float]]:
+        # "parity" rows alternate 0 / 1 by position: their groups always carry a signal
         scores = [
-            1.0 if r["answer"] == "all" else float(len(c) % 2)
-            for c, r in zip(completions, rows, strict=True)
+            1.0 if r["answer"] == "all" else float(i % 2)
+            for i, (c, r) in enumerate(zip(completions, rows, strict=True))
         ]
         return scores, scores
 
@@ -58,6 +59,9 @@ def _rollout() -> FixedRollout:
 
 def _run(algorithm: str, agg: str, minibatches: int, **step: Any):  # type: ignore[no-untyped-def]
     model, tokenizer = create_builtin("tiny-dense", seed=5)
+    # float64: the fewer, narrower forwards must give the same update, which float32 rounding
+    # (other matmul shapes, other summation orders) would blur at the 1e-6 level
+    model.double()
     recipe = Recipe.model_validate(
         {
             "algorithm": {"name": algorithm, "minibatches": minibatches, "loss_agg": agg},

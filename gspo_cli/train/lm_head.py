@@ -1,0 +1,128 @@
+"""Response-token log-probs from the last hidden states, with the LM head's backward by hand.
+
+Through autograd, `log_softmax(h W^T)[y]` costs four or five `[tokens, V]` tensors: the logits,
+the logsumexp's temporary, the softmax and the scattered one-hot of the backward, and the copy
+of a sliced view. At a 151,936-token vocabulary each is 0.6 GB per 1,024 tokens, and every one
+is fresh memory that page-faults (0.2-0.35 s per GiB on the 2-core CPU machine). Here the
+logits are the only such tensor: reductions run over row tiles that fit the allocator's reused
+heap, and the backward turns the saved logits into their own gradient in place. Only real
+response tokens go through the head, never padding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+# Row tiles of at most this many float32 elements (16 MiB): under glibc's largest mmap
+# threshold (32 MiB), so their temporaries come from the heap again and again.
+TILE_ELEMENTS = 4 * 1024 * 1024
+
+# CausalLM classes whose logits are exactly `lm_head(last_hidden_state)`: no soft-capping, no
+# logit scale (a test reads each one's forward to check it).
+PLAIN_HEAD_MODEL_TYPES = frozenset(
+    {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe"}
+)
+
+
+def plain_linear_head(model: nn.Module) -> nn.Linear | None:
+    """The model's LM head when its logits are a bias-free linear map of the backbone's last
+    hidden state (the case handled here), else None (callers take the model's own logits)."""
+    if not isinstance(model, PreTrainedModel):
+        return None  # e.g. a DeepSpeed engine: its ZeRO-3 weights are gathered in forward only
+    if getattr(model.config, "model_type", None) not in PLAIN_HEAD_MODEL_TYPES:
+        return None
+    head = model.get_output_embeddings()
+    return head if type(head) is nn.Linear and head.bias is None else None
+
+
+def at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits in float32 for the softmax; float32 and float64 as they are."""
+    return logits.float() if logits.element_size() < 4 else logits
+
+
+def _row_tiles(rows: int, vocab: int) -> list[slice]:
+    step = max(1, TILE_ELEMENTS // max(vocab, 1))
+    return [slice(start, start + step) for start in range(0, rows, step)]
+
+
+class TokenLogprobs(torch.autograd.Function):
+    """log softmax(scale * h W^T)[y] `[M]` for M tokens, and their entropy `[M]` (no grad; empty
+    when not asked). Saves only the logits; a second backward through it is refused by autograd
+    (the logits are overwritten by their gradient)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        hidden: torch.Tensor,  # [M, H]
+        weight: torch.Tensor,  # [V, H]
+        targets: torch.Tensor,  # [M]
+        scale: float,
+        entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = at_least_float32(hidden @ weight.T)  # [M, V]
+        if scale != 1.0:
+            logits.mul_(scale)
+        lse = logits.new_empty(logits.shape[0])  # [M]
+        ent = logits.new_empty(logits.shape[0] if entropy else 0)  # [M] or [0]
+        for rows in _row_tiles(*logits.shape):
+            z = logits[rows]  # [r, V]
+            lse[rows] = torch.logsumexp(z, dim=-1)
+            if entropy:  # H = lse - sum_v p_v z_v
+                p = (z - lse[rows, None]).exp_()  # [r, V]
+                ent[rows] = lse[rows] - (p * z).sum(dim=-1)
+        chosen = logits.gather(1, targets[:, None])[:, 0]  # [M]
+        ctx.scale = scale
+        ctx.mark_non_differentiable(ent)
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            ctx.save_for_backward(hidden, weight, targets, logits, lse)
+        return chosen - lse, ent
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, grad_logprobs: torch.Tensor, _grad_entropy: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
+        hidden, weight, targets, logits, lse = ctx.saved_tensors
+        grad = logits  # [M, V], overwritten in place: d logprob / d z = onehot(y) - softmax(z)
+        g = grad_logprobs * ctx.scale  # [M]
+        for rows in _row_tiles(*grad.shape):
+            grad[rows].sub_(lse[rows, None]).exp_().mul_(-g[rows, None])
+        grad[torch.arange(grad.shape[0], device=grad.device), targets] += g
+        grad_in = grad.to(weight.dtype)  # [M, V]
+        grad_hidden = grad_in @ weight if ctx.needs_input_grad[0] else None  # [M, H]
+        grad_weight = grad_in.T @ hidden if ctx.needs_input_grad[1] else None  # [V, H]
+        return grad_hidden, grad_weight, None, None, None
+
+
+def head_logprobs(
+    model: PreTrainedModel,
+    head: nn.Linear,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    temperature: float,
+    entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`[n, T]` log-probs of the last T tokens of `input_ids` (`[n, P + T]`), 0 where
+    `response_mask` (`[n, T]`) is 0, and their entropy when asked: the backbone's forward, then
+    the head on the real response tokens only."""
+    hidden = model.base_model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+    ).last_hidden_state  # [n, P + T, H]
+    t = response_mask.shape[1]
+    real = response_mask.bool()  # [n, T]
+    h = hidden[:, -t - 1 : -1][real]  # [M, H]: position j predicts token j + 1
+    targets = input_ids[:, -t:][real]  # [M]
+    scale = 1.0 / temperature if temperature > 0 else 1.0
+    token_lp, token_ent = TokenLogprobs.apply(h, head.weight, targets, scale, entropy)
+    logprobs = token_lp.new_zeros(real.shape).index_put((real,), token_lp)  # [n, T]
+    if not entropy:
+        return logprobs, None
+    return logprobs, token_ent.new_zeros(real.shape).index_put((real,), token_ent)
