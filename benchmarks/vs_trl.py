@@ -311,6 +311,10 @@ class RealisticLengths:
         out[ends, self.eos] = 0.0
         return out
 
+    def step_done(self, chosen: torch.Tensor, going: torch.Tensor) -> None:
+        """gspo-cli's decoding loop dropped its finished rows: keep the others' lengths."""
+        self.lengths = self.lengths[going]
+
 
 def max_new_tokens(shape: Shape, workload: str) -> int:
     return shape.length if workload == "fixed" else CAP
@@ -367,9 +371,17 @@ class Calls:
         self.counts: Counter[str] = Counter()
         self.generating = False
         self.processor: Any = None
-        cls, original = type(model), type(model).generate
+        cls = type(model)
+        cls.generate = self.counted(cls.generate)  # TRL patches the instance's forward only
+        model.base_model.register_forward_hook(self._forward)  # TRL's fused head calls it too
+        model.base_model.norm.weight.register_hook(self._backward)  # once per backward
+        register_optimizer_step_post_hook(self._step)
 
-        def generate(this: Any, *args: Any, **kwargs: Any) -> Any:
+    def counted(self, generate: Any) -> Any:
+        """`generate`, or gspo-cli's own decoding loop (it drops finished rows), counted as one
+        generate call whose forwards are decode steps."""
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             self.counts["generate"] += 1
             if self.processor is not None:
                 from transformers import LogitsProcessorList
@@ -378,18 +390,16 @@ class Calls:
                 kwargs["logits_processor"] = LogitsProcessorList([*own, self.processor])
             self.generating = True
             try:
-                return original(this, *args, **kwargs)
+                return generate(*args, **kwargs)
             finally:
                 self.generating = False
 
-        cls.generate = generate  # TRL patches the instance's forward, never generate
-        model.base_model.register_forward_hook(self._forward)  # TRL's fused head calls it too
-        model.base_model.norm.weight.register_hook(self._backward)  # once per backward
-        register_optimizer_step_post_hook(self._step)
+        return wrapper
 
     def _forward(self, module: Any, args: Any, output: Any) -> None:
         if self.generating:
             self.counts["decode steps"] += 1
+            self.counts["decoded rows"] += output.last_hidden_state.shape[0]
         else:
             self.counts["forward"] += 1
             self.counts["forward tokens"] += output.last_hidden_state.shape[:2].numel()
@@ -665,6 +675,10 @@ def worker(side: str, shape: Shape, workload: str, cycles: int) -> None:
             if side == "floor"
             else GspoSide(model, tokenizer, shape, workload, skip=side == "gspo-defaults")
         )
+        if side != "floor":
+            from gspo_cli.rollout import hf
+
+            hf.decode_dropping_finished = calls.counted(hf.decode_dropping_finished)
         for _ in range(cycles):
             chan.wait()
             calls.take()
@@ -861,6 +875,14 @@ def _check_calls(
             for s in sides
         )
         console.print(f"forward tokens per cycle (information): {forwarded}", highlight=False)
+    decoded = ", ".join(
+        f"{s} {'/'.join(str(x['calls'].get('decoded rows', 0)) for x in results[s])}" for s in sides
+    )
+    console.print(
+        f"rows computed over all decode steps per cycle (information; gspo-cli drops a row at "
+        f"its end-of-turn, `generate` computes every row to the longest): {decoded}",
+        highlight=False,
+    )
 
 
 def _print_no_signal(

@@ -24,6 +24,7 @@ from transformers import (
 
 from gspo_cli.models.routing import ExpertRouting, Recording, RoutingError
 from gspo_cli.rollout.base import RolloutBatch, SamplingParams
+from gspo_cli.rollout.decode import decode_dropping_finished
 from gspo_cli.rollout.seeded import GumbelMaxSampling, row_seeds
 
 log = logging.getLogger(__name__)
@@ -52,29 +53,42 @@ class ChosenTokenLogprobs(LogitsProcessor):
     """Records log pi(y_t) from the raw logits at the temperature, one step at a time.
 
     Runs first in the processor list, so it sees the model's logits before any warper. The
-    `[n, V]` log-softmax of step t is kept only until token t is known (the next call, or
-    `finish`), so memory stays at one step's vocabulary row per sequence.
+    `[a, V]` log-softmax of step t is kept only until token t is known (the next call, or
+    `step_done` in the loop that drops finished rows, or `finish`), so memory stays at one
+    step's vocabulary row per sequence.
     """
 
     def __init__(self, temperature: float) -> None:
         self.temperature = temperature if temperature > 0 else 1.0
-        self.pending: torch.Tensor | None = None  # [n, V] log-softmax of the last step
-        self.steps: list[torch.Tensor] = []  # each [n]
+        self.pending: torch.Tensor | None = None  # [a, V] log-softmax of the last step
+        self.rows: torch.Tensor | None = None  # [a] original index of each current row
+        self.steps: list[tuple[torch.Tensor, torch.Tensor]] = []  # (rows [a], log-probs [a])
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         self._take(input_ids[:, -1])
-        self.pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # [n, V]
+        if self.rows is None:
+            self.rows = torch.arange(scores.shape[0], device=scores.device)
+        self.pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # [a, V]
         return scores
 
+    def step_done(self, chosen: torch.Tensor, going: torch.Tensor) -> None:
+        self._take(chosen)
+        assert self.rows is not None
+        self.rows = self.rows[going]
+
     def _take(self, tokens: torch.Tensor) -> None:
-        if self.pending is not None:
-            self.steps.append(self.pending.gather(-1, tokens[:, None])[:, 0])  # [n]
+        if self.pending is not None and self.rows is not None:
+            self.steps.append((self.rows, self.pending.gather(-1, tokens[:, None])[:, 0]))
             self.pending = None
 
     def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
-        """`[n, T]` log-probs of the generated tokens, once generation is over."""
+        """`[n, T]` log-probs of the generated tokens (0 after a row's end), once generation
+        is over; `last_tokens` `[n]` is the last column `generate` returned."""
         self._take(last_tokens)
-        return torch.stack(self.steps, dim=1)
+        out = torch.zeros(len(self.steps[0][0]), len(self.steps))  # [n, T]
+        for t, (rows, logprobs) in enumerate(self.steps):
+            out[rows.cpu(), t] = logprobs.float().cpu()
+        return out
 
 
 class HFGenerateEngine:
@@ -194,7 +208,8 @@ class HFGenerateEngine:
         recorder = ChosenTokenLogprobs(params.temperature) if params.logprobs else None
         routing = ExpertRouting.of(self.model) if out.routed_experts is not None else None
         with contextlib.nullcontext(None) if routing is None else routing.record() as experts:
-            generated = self._sample(input_ids, attention, params, recorder, seeds)
+            # the routing recorder wants every row at every step, as `generate` forwards them
+            generated = self._sample(input_ids, attention, params, recorder, seeds, routing is None)
         new_tokens = generated[:, width:]  # [n, T]
         logprobs = recorder.finish(new_tokens[:, -1]).cpu() if recorder is not None else None
         new_tokens = new_tokens.cpu()
@@ -217,12 +232,26 @@ class HFGenerateEngine:
         params: SamplingParams,
         recorder: ChosenTokenLogprobs | None,
         seeds: list[int] | None,
+        drop_finished: bool = True,
     ) -> torch.Tensor:
-        """`[n, P + T]` prompts and sampled tokens from one `generate` call (greedy over
-        Gumbel-perturbed scores where `_gumbel_sampling`: the noise is the sampling)."""
+        """`[n, P + T]` prompts and sampled tokens, greedy over Gumbel-perturbed scores where
+        `_gumbel_sampling` (the noise is the sampling): from the loop that drops finished rows
+        where it can (one process per forward: not under ZeRO-3's synced forwards), else from
+        `generate`."""
         device = self._device
         eos_id, pad_id = int(self.tokenizer.eos_token_id), int(self.tokenizer.pad_token_id)
         do_sample = params.temperature > 0 and not self._gumbel_sampling(params, seeds)
+        processors = self._processors(params, recorder, seeds)
+        if drop_finished and not do_sample and not self.synced_gpus:
+            return decode_dropping_finished(
+                self.model,
+                input_ids.to(device),
+                attention.to(device),
+                processors,
+                params.max_new_tokens,
+                eos_id,
+                pad_id,
+            )
         # temperature/top-k/top-p are neutral here: our processors apply them, after the recorder
         # (greedy generate takes no sampling knobs at all, or warns that it ignores them).
         neutral = {"temperature": 1.0, "top_p": 1.0, "top_k": 0} if do_sample else {}
@@ -234,7 +263,7 @@ class HFGenerateEngine:
             max_new_tokens=params.max_new_tokens,
             eos_token_id=eos_id,
             pad_token_id=pad_id,
-            logits_processor=self._processors(params, recorder, seeds),
+            logits_processor=processors,
             synced_gpus=self.synced_gpus,
         )
 

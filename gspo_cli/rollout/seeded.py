@@ -58,3 +58,8 @@ class GumbelMaxSampling(LogitsProcessor):
         noise.clamp_(min=torch.finfo(noise.dtype).tiny).log_().neg_().log_().neg_()
         noisy = scores + noise.to(self.device, scores.dtype)  # -inf (filtered) stays -inf
         return cast(torch.FloatTensor, noisy)
+
+    def step_done(self, chosen: torch.Tensor, going: torch.Tensor) -> None:
+        """Finished rows leave the batch (rollout/decode.py): so do their generators."""
+        if self.per_row:
+            self.generators = [self.generators[i] for i in going.tolist()]

@@ -1,0 +1,76 @@
+"""A decoding loop that drops finished rows: a step costs what the unfinished rows cost.
+
+`generate` keeps computing every row until the longest one ends. RL batches are uneven (most
+responses far under the cap, a few at it), so most of its late steps are spent on rows that
+are already done. Here a row leaves the batch, and its KV cache, at its end-of-turn token; the
+tokens come out as `generate` would give them (the same processors, a greedy pick after them,
+padding after end-of-turn). Sampling is the processors' job (Gumbel noise, rollout/seeded.py).
+
+Processors see only the rows still decoding. One that keeps per-row state implements
+`RowAware.step_done`, which is told each step's picks and which rows go on; stateless ones
+(temperature, top-k, top-p) need nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
+
+
+@runtime_checkable
+class RowAware(Protocol):
+    def step_done(self, chosen: torch.Tensor, going: torch.Tensor) -> None:
+        """`chosen` `[a]`: the tokens just picked for the current rows; `going` `[k]`: the
+        indices (into the current rows) of those that stay; the others leave the batch."""
+
+
+@torch.no_grad()
+def decode_dropping_finished(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,  # [n, P], left-padded prompts
+    attention_mask: torch.Tensor,  # [n, P]
+    processors: LogitsProcessorList,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+) -> torch.Tensor:
+    """`[n, P + T]` prompts and picked tokens, T the longest response, pad after end-of-turn."""
+    n = input_ids.shape[0]
+    new = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=input_ids.device)
+    rows = torch.arange(n, device=input_ids.device)  # original index of each current row
+    sequences = input_ids  # [a, P + t]: what the processors see
+    mask = attention_mask  # [a, P + t]
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # [a, P]: left padding skipped
+    cache = DynamicCache(config=model.config)
+    step_input = input_ids
+    steps = 0
+    while steps < max_new_tokens:
+        logits = model(
+            input_ids=step_input,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits  # [a, 1, V]
+        scores = logits[:, -1].to(dtype=torch.float32, copy=True)  # [a, V]
+        chosen = processors(sequences, scores).argmax(dim=-1)  # [a]
+        new[rows, steps] = chosen
+        steps += 1
+        going = (chosen != eos_id).nonzero()[:, 0]  # [k]
+        for processor in processors:
+            if isinstance(processor, RowAware):
+                processor.step_done(chosen, going)
+        if len(going) == 0:
+            break
+        if len(going) < len(rows):  # finished rows leave the batch and the cache
+            rows, chosen, cache_rows = rows[going], chosen[going], going
+            sequences, mask, positions = sequences[going], mask[going], positions[going]
+            cache.batch_select_indices(cache_rows)
+        sequences = torch.cat([sequences, chosen[:, None]], dim=1)
+        mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
+        positions = positions[:, -1:] + 1  # [a, 1]
+        step_input = chosen[:, None]  # [a, 1]
+    return torch.cat([input_ids, new[:, :steps]], dim=1)
