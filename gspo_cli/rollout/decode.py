@@ -26,6 +26,13 @@ class RowAware(Protocol):
         indices (into the current rows) of those that stay; the others leave the batch."""
 
 
+def can_drop_finished(model: PreTrainedModel) -> bool:
+    """Whether the loop's `DynamicCache` is this model's cache (not for xLSTM, RWKV, ...), as
+    transformers' own `generate` decides it; unknown: no (`generate` then runs instead)."""
+    supports = getattr(type(model), "_supports_default_dynamic_cache", None)
+    return bool(supports()) if callable(supports) else False
+
+
 @torch.no_grad()
 def decode_dropping_finished(
     model: PreTrainedModel,
@@ -42,7 +49,8 @@ def decode_dropping_finished(
     rows = torch.arange(n, device=input_ids.device)  # original index of each current row
     sequences = input_ids  # [a, P + t]: what the processors see
     mask = attention_mask  # [a, P + t]
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # [a, P]: left padding skipped
+    # [a, P]: left padding skipped (its own positions are masked out, whatever they are)
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
     step_input = input_ids
     steps = 0
@@ -66,9 +74,9 @@ def decode_dropping_finished(
         if len(going) == 0:
             break
         if len(going) < len(rows):  # finished rows leave the batch and the cache
-            rows, chosen, cache_rows = rows[going], chosen[going], going
+            rows, chosen = rows[going], chosen[going]
             sequences, mask, positions = sequences[going], mask[going], positions[going]
-            cache.batch_select_indices(cache_rows)
+            cache.reorder_cache(going)  # every layer kind has it (attention, conv, recurrent)
         sequences = torch.cat([sequences, chosen[:, None]], dim=1)
         mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
         positions = positions[:, -1:] + 1  # [a, 1]

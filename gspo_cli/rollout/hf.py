@@ -24,7 +24,7 @@ from transformers import (
 
 from gspo_cli.models.routing import ExpertRouting, Recording, RoutingError
 from gspo_cli.rollout.base import RolloutBatch, SamplingParams
-from gspo_cli.rollout.decode import decode_dropping_finished
+from gspo_cli.rollout.decode import can_drop_finished, decode_dropping_finished
 from gspo_cli.rollout.seeded import GumbelMaxSampling, row_seeds
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,9 @@ class ChosenTokenLogprobs(LogitsProcessor):
             self.pending = None
 
     def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
-        """`[n, T]` log-probs of the generated tokens (0 after a row's end), once generation
-        is over; `last_tokens` `[n]` is the last column `generate` returned."""
+        """`[n, T]` log-probs of the generated tokens once generation is over (after a row's
+        end: 0 from the loop, the pad token's from `generate`; callers cut rows to length);
+        `last_tokens` `[n]` is the last column returned."""
         self._take(last_tokens)
         out = torch.zeros(len(self.steps[0][0]), len(self.steps))  # [n, T]
         for t, (rows, logprobs) in enumerate(self.steps):
@@ -242,7 +243,8 @@ class HFGenerateEngine:
         eos_id, pad_id = int(self.tokenizer.eos_token_id), int(self.tokenizer.pad_token_id)
         do_sample = params.temperature > 0 and not self._gumbel_sampling(params, seeds)
         processors = self._processors(params, recorder, seeds)
-        if drop_finished and not do_sample and not self.synced_gpus:
+        loop = drop_finished and not do_sample and not self.synced_gpus
+        if loop and can_drop_finished(self.model):
             return decode_dropping_finished(
                 self.model,
                 input_ids.to(device),

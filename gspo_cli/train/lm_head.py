@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 # Row tiles of at most this many float32 elements (16 MiB): under glibc's largest mmap
 # threshold (32 MiB), so their temporaries come from the heap again and again.
@@ -33,8 +34,11 @@ def plain_linear_head(model: nn.Module) -> nn.Linear | None:
     hidden state (the case handled here), else None (callers take the model's own logits)."""
     if not isinstance(model, PreTrainedModel):
         return None  # e.g. a DeepSpeed engine: its ZeRO-3 weights are gathered in forward only
-    if getattr(model.config, "model_type", None) not in PLAIN_HEAD_MODEL_TYPES:
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in PLAIN_HEAD_MODEL_TYPES:
         return None
+    if type(model).__name__ != MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]:
+        return None  # e.g. remote code registered under a listed type
     head = model.get_output_embeddings()
     return head if type(head) is nn.Linear and head.bias is None else None
 
@@ -51,8 +55,9 @@ def _row_tiles(rows: int, vocab: int) -> list[slice]:
 
 class TokenLogprobs(torch.autograd.Function):
     """log softmax(scale * h W^T)[y] `[M]` for M tokens, and their entropy `[M]` (no grad; empty
-    when not asked). Saves only the logits; a second backward through it is refused by autograd
-    (the logits are overwritten by their gradient)."""
+    when not asked). Of the `[M, V]` size it saves the logits alone (with h, W, y and the
+    logsumexp); a second backward through it is refused by autograd (the logits are
+    overwritten by their gradient). Under `no_grad` nothing is kept: no graph holds them."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -77,8 +82,7 @@ class TokenLogprobs(torch.autograd.Function):
         chosen = logits.gather(1, targets[:, None])[:, 0]  # [M]
         ctx.scale = scale
         ctx.mark_non_differentiable(ent)
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            ctx.save_for_backward(hidden, weight, targets, logits, lse)
+        ctx.save_for_backward(hidden, weight, targets, logits, lse)
         return chosen - lse, ent
 
     @staticmethod

@@ -9,6 +9,7 @@ import pytest
 import torch
 import transformers
 from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from gspo_cli.models import create_builtin
@@ -70,6 +71,36 @@ def test_the_head_equals_autograd_on_the_models_own_logits(name: str, temperatur
     assert float(ours[0].abs().sum()) > 0 and float(ours[1].min()) >= 0
 
 
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("model_type", sorted(PLAIN_HEAD_MODEL_TYPES))
+def test_every_listed_family_equals_autograd(model_type: str, tied: bool) -> None:
+    config = AutoConfig.for_model(
+        model_type,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_hidden_layers=2,
+        vocab_size=300,
+        num_local_experts=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        tie_word_embeddings=tied,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    assert plain_linear_head(model) is model.lm_head
+    ours = _run(model, _batch(300), 0.7, own_logits=False)
+    theirs = _run(model, _batch(300), 0.7, own_logits=True)
+    assert torch.allclose(ours[0], theirs[0], atol=1e-5)
+    assert torch.allclose(ours[1], theirs[1], atol=1e-5)
+    for key, grad in theirs[2].items():
+        assert torch.allclose(ours[2][key], grad, atol=1e-5, rtol=1e-4), key
+
+
 def test_tiles_do_not_change_the_result(monkeypatch: pytest.MonkeyPatch) -> None:
     hidden = torch.randn(40, 16, requires_grad=True)  # [M, H]
     weight = torch.randn(300, 16, requires_grad=True)  # [V, H]
@@ -111,5 +142,10 @@ def test_every_listed_family_takes_its_logits_straight_from_the_head(model_type:
 def test_other_heads_fall_back_to_the_models_own_logits() -> None:
     model, _ = create_builtin("tiny-dense", seed=0)
     assert plain_linear_head(nn.Sequential(model)) is None  # not a PreTrainedModel
+    # a class of its own under a listed type (remote code) may scale its logits:
+    renamed = type("RemoteCodeQwen3", (type(model),), {})
+    model.__class__ = renamed
+    assert plain_linear_head(model) is None
+    model.__class__ = renamed.__mro__[1]
     model.config.model_type = "gemma2"  # soft-capped logits
     assert plain_linear_head(model) is None
