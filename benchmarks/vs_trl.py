@@ -773,11 +773,12 @@ def _ratio(values: list[float], base: list[float]) -> str:
     return f"{statistics.median(a / b for a, b in zip(values, base, strict=True)):.2f}x"
 
 
-def _calls(c: dict[str, int], tokens: bool = True) -> str:
+def _calls(c: dict[str, int], tokens: bool = True, steps: bool = True) -> str:
+    """generate/forward/backward/step counts, with forwarded tokens and decode steps."""
     keys = ("generate", "forward", "backward", "optimizer.step")
     counts = "/".join(str(c.get(k, 0)) for k in keys)
     forwarded = f"{c.get('forward tokens', 0)}; " if tokens else ""
-    return f"{counts} ({forwarded}{c.get('decode steps', 0)})"
+    return f"{counts} ({forwarded}{c.get('decode steps', 0) if steps else '-'})"
 
 
 def _about(shape: Shape, workload: str) -> str:
@@ -902,10 +903,11 @@ def _check_calls(
     workload: str, sides: list[str], results: dict[str, list[dict[str, Any]]], console: Console
 ) -> None:
     """The equal-work sides make the same calls. With uneven lengths the forwarded tokens
-    legitimately differ (padding to the batch's longest vs each micro-batch's): printed only."""
-    tokens = workload == "fixed"
+    legitimately differ (padding to the batch's longest vs each micro-batch's): printed only;
+    so do the decode steps where each side samples its own lengths (quickstart)."""
+    tokens, steps = workload == "fixed", workload != "quickstart"
     per_side = {
-        s: {_calls(x["calls"], tokens) for x in results[s]} for s in sides if s in EQUAL_WORK
+        s: {_calls(x["calls"], tokens, steps) for x in results[s]} for s in sides if s in EQUAL_WORK
     }
     if len({frozenset(v) for v in per_side.values()}) > 1 or any(
         len(v) > 1 for v in per_side.values()

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, LogitsProcessor
 
 from gspo_cli.models import create_builtin
-from gspo_cli.rollout import SamplingParams
+from gspo_cli.rollout import RolloutBatch, SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
 from tests.integration.test_rl_step import PROMPTS
 
@@ -50,17 +50,24 @@ class Uneven(HFGenerateEngine):
         return super()._sample(*args[:5], self.drop_finished)
 
 
+def _both_ways(
+    model: Any, tokenizer: Any, params: SamplingParams, seeds: list[int] | None
+) -> tuple[tuple[RolloutBatch, int], tuple[RolloutBatch, int]]:
+    """(rollout, rows forwarded) with finished rows dropped, then with `generate`."""
+    out = []
+    for drop in (True, False):
+        engine = Uneven(model, tokenizer, drop_finished=drop)
+        out.append((engine.generate(PROMPTS, params, seeds), engine.rows_forwarded))
+    return out[0], out[1]
+
+
 def test_dropping_finished_rows_gives_generates_tokens_and_logprobs() -> None:
     """Seeded: each row's noise is its own, so the two loops must pick the same tokens."""
     model, tokenizer = create_builtin("tiny-dense", seed=3)
     params = SamplingParams(
         temperature=0.8, top_k=50, max_new_tokens=24, num_samples=4, logprobs=True
     )
-    out = {}
-    for drop in (True, False):
-        engine = Uneven(model, tokenizer, drop_finished=drop)
-        out[drop] = (engine.generate(PROMPTS, params, [5, 6, 7, 8]), engine.rows_forwarded)
-    (lean, lean_rows), (full, full_rows) = out[True], out[False]
+    (lean, lean_rows), (full, full_rows) = _both_ways(model, tokenizer, params, [5, 6, 7, 8])
     lengths = sorted(len(c) for c in full.completion_ids)
     assert lengths[0] < lengths[-1]  # uneven: some rows end early
     assert lean.completion_ids == full.completion_ids
@@ -91,11 +98,7 @@ def test_a_hybrid_conv_attention_model_drops_rows_from_every_cache_layer() -> No
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     params = SamplingParams(temperature=0.8, max_new_tokens=12, num_samples=2, logprobs=True)
-    out = {}
-    for drop in (True, False):
-        engine = Uneven(model, tokenizer, drop_finished=drop)
-        out[drop] = (engine.generate(PROMPTS, params, [1, 2, 3, 4]), engine.rows_forwarded)
-    (lean, lean_rows), (full, full_rows) = out[True], out[False]
+    (lean, lean_rows), (full, full_rows) = _both_ways(model, tokenizer, params, [1, 2, 3, 4])
     assert lean.completion_ids == full.completion_ids
     assert lean_rows < full_rows
 
@@ -103,6 +106,5 @@ def test_a_hybrid_conv_attention_model_drops_rows_from_every_cache_layer() -> No
 def test_greedy_decoding_equals_generate() -> None:
     model, tokenizer = create_builtin("tiny-dense", seed=3)
     params = SamplingParams(temperature=0.0, max_new_tokens=16)
-    lean = Uneven(model, tokenizer, drop_finished=True).generate(PROMPTS, params)
-    full = Uneven(model, tokenizer, drop_finished=False).generate(PROMPTS, params)
+    (lean, _), (full, _) = _both_ways(model, tokenizer, params, None)
     assert lean.completion_ids == full.completion_ids
