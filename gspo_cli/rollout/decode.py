@@ -13,7 +13,7 @@ Processors see only the rows still decoding. One that keeps per-row state implem
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
@@ -64,7 +64,8 @@ def decode_dropping_finished(
             logits_to_keep=1,
         ).logits  # [a, 1, V]
         scores = logits[:, -1].to(dtype=torch.float32, copy=True)  # [a, V]
-        chosen = processors(sequences, scores).argmax(dim=-1)  # [a]
+        warped = processors(cast(torch.LongTensor, sequences), cast(torch.FloatTensor, scores))
+        chosen = warped.argmax(dim=-1)  # [a]
         new[rows, steps] = chosen
         steps += 1
         going = (chosen != eos_id).nonzero()[:, 0]  # [k]
@@ -76,7 +77,8 @@ def decode_dropping_finished(
         if len(going) < len(rows):  # finished rows leave the batch and the cache
             rows, chosen = rows[going], chosen[going]
             sequences, mask, positions = sequences[going], mask[going], positions[going]
-            cache.reorder_cache(going)  # every layer kind has it (attention, conv, recurrent)
+            # every layer kind has it (attention, conv, recurrent)
+            cache.reorder_cache(cast(torch.LongTensor, going))
         sequences = torch.cat([sequences, chosen[:, None]], dim=1)
         mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
         positions = positions[:, -1:] + 1  # [a, 1]
