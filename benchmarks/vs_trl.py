@@ -18,7 +18,8 @@ the floor append it to their processor lists:
   seeded by the cycle: round(lognormal(median 17, sigma 0.5)) clamped to [2, 63], which end
   with end-of-turn, then 2 rows at random set to 64 (truncated: no end-of-turn), so every
   padded batch is 64 wide; about 20.6 tokens a row on average, 4 or 5 rows a cycle over 40.
-  `RealisticLengths` suppresses end-of-turn before a row's last token and forces it there
+  `RealisticLengths` (realistic_workload.py, with the draws) suppresses end-of-turn before a
+  row's last token and forces it there
   (TRL passes no processors to `generate`: a wrapper of the model class's `generate` adds it).
   Rewards do not look at the text: per cycle 1 group of 8 (2 in every fourth cycle: 15.6% of
   groups in the long run, 15% over a five-round run, 12.5% in a one-round run) scores all 0
@@ -82,10 +83,8 @@ import argparse
 import contextlib
 import importlib.util
 import json
-import math
 import os
 import platform
-import random
 import resource
 import statistics
 import subprocess
@@ -96,14 +95,28 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-import quickstart_workload  # benchmarks/, beside this script
+# cycle, quickstart_workload and realistic_workload are modules of benchmarks/, beside this
+import quickstart_workload
 import torch
+from cycle import MINIBATCHES, PROMPT_TOKENS, PROMPTS, ROWS, SAMPLES
+from realistic_workload import (
+    AT_CAP,
+    CAP,
+    MEDIAN,
+    MIN_LENGTH,
+    SIGMA,
+    RealisticLengths,
+    canonical_order,
+    canonical_rows,
+    drawn_lengths,
+    drawn_rewards,
+    flat_groups,
+    no_signal_groups,
+)
 from rich.console import Console
 from rich.table import Table
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-PROMPTS, SAMPLES, MINIBATCHES, PROMPT_TOKENS = 8, 8, 4, 16
-ROWS = PROMPTS * SAMPLES  # 64 responses per cycle
 LR, CLIP_LOW, CLIP_HIGH, MAX_GRAD_NORM = 1e-6, 3e-4, 4e-4, 1.0  # gspo-cli's GSPO defaults
 SIDES = ("gspo", "gspo-defaults", "trl", "floor")
 WORKLOADS = ("fixed", "realistic", "quickstart")
@@ -230,114 +243,6 @@ def suppress_eos(tokenizer: Any) -> Any:
     return SuppressTokensLogitsProcessor([int(tokenizer.eos_token_id)])
 
 
-# --- the realistic workload: uneven lengths, some groups without signal ---------------------
-#
-# A row's "canonical index" is prompt * SAMPLES + sample, where prompt is the prompt's index in
-# prompt_texts and sample counts the earlier rows of that prompt in the same batch. gspo-cli and
-# the floor generate in exactly this order; TRL's RepeatSampler keeps each prompt's 8 rows
-# together but shuffles the prompts, so rows are mapped through their prompt, never their place.
-
-CAP = 64  # max_new_tokens of the realistic workload, every shape
-MEDIAN, SIGMA, MIN_LENGTH, AT_CAP = 17, 0.5, 2, 2  # lognormal lengths; AT_CAP rows truncated
-
-
-def drawn_lengths(cycle: int) -> list[int]:
-    """Completion tokens (end-of-turn included) of the canonical rows of `cycle`: a lognormal of
-    median MEDIAN and sigma SIGMA, rounded, clamped to [MIN_LENGTH, CAP - 1] (these end with
-    end-of-turn), then AT_CAP rows at random set to CAP (truncated, no end-of-turn), so the padded
-    batch is CAP wide. About 20.6 tokens a row on average; some 4 to 5 rows a cycle above 40."""
-    rng = random.Random(10_000 + cycle)
-    mu = math.log(MEDIAN)
-    lengths = [
-        min(CAP - 1, max(MIN_LENGTH, round(rng.lognormvariate(mu, SIGMA)))) for _ in range(ROWS)
-    ]
-    for row in rng.sample(range(ROWS), AT_CAP):
-        lengths[row] = CAP
-    return lengths
-
-
-def no_signal_groups(cycle: int) -> int:
-    """1 group of 8 a cycle, 2 in every fourth (cycle % 4 == 2): 15.6% of groups in the long
-    run, 15% over cycles 1 to 5 (a five-round run; cycle 0 warms up), 12.5% in cycle 1."""
-    return 2 if cycle % 4 == 2 else 1
-
-
-def drawn_rewards(cycle: int) -> list[float]:
-    """The canonical rows' rewards of `cycle`: no_signal_groups(cycle) groups at random score
-    all 0 or all 1 (zero advantage); every other group has 1 to 7 of its 8 rows at 1."""
-    rng = random.Random(20_000 + cycle)
-    flat = set(rng.sample(range(PROMPTS), no_signal_groups(cycle)))
-    scores: list[float] = []
-    for group in range(PROMPTS):
-        if group in flat:
-            scores += [float(rng.random() < 0.5)] * SAMPLES
-        else:
-            right = set(rng.sample(range(SAMPLES), rng.randint(1, SAMPLES - 1)))
-            scores += [float(sample in right) for sample in range(SAMPLES)]
-    return scores
-
-
-def canonical_rows(prompts: list[int]) -> list[int]:
-    """The canonical index of each row of a batch, given each row's prompt index."""
-    seen: Counter[int] = Counter()
-    rows = []
-    for prompt in prompts:
-        rows.append(prompt * SAMPLES + seen[prompt])
-        seen[prompt] += 1
-    return rows
-
-
-def canonical_order(prompts: list[int], values: list[Any]) -> list[Any]:
-    """`values` (one per row of a full cycle's batch) rearranged into canonical order."""
-    out: list[Any] = [None] * ROWS
-    for row, value in zip(canonical_rows(prompts), values, strict=True):
-        out[row] = value
-    return out
-
-
-def flat_groups(prompts: list[int], scores: list[float]) -> int:
-    """How many prompts' rows all scored the same (no signal), as measured on this side."""
-    values: dict[int, set[float]] = {}
-    for prompt, value in zip(prompts, scores, strict=True):
-        values.setdefault(prompt, set()).add(value)
-    return sum(len(v) == 1 for v in values.values())
-
-
-class RealisticLengths:
-    """A transformers logits processor giving each row its drawn length: end-of-turn suppressed
-    before the row's last token, forced (every other score -inf) at it; a row drawn at CAP never
-    ends (max_new_tokens stops it). Rows already ended keep getting end-of-turn forced, which
-    `generate` ignores (it pads them). One instance per process: it counts the `generate` calls
-    (cycles) by their first step, and knows each row's prompt by its PROMPT_TOKENS prompt ids
-    (prompts are never padded), hence its canonical row."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.eos = int(tokenizer.eos_token_id)
-        texts = prompt_texts(tokenizer)
-        self.prompts = {tuple(tokenizer(t)["input_ids"]): i for i, t in enumerate(texts)}
-        self.cycle = -1
-        self.lengths = torch.zeros(0, dtype=torch.long)  # [n] of the current generate
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        generated = input_ids.shape[1] - PROMPT_TOKENS  # tokens so far; this call picks the next
-        if generated == 0:  # the first step of a new generate, i.e. of a new cycle
-            self.cycle += 1
-            prompts = [self.prompts[tuple(ids)] for ids in input_ids[:, :PROMPT_TOKENS].tolist()]
-            drawn = drawn_lengths(self.cycle)
-            rows = canonical_rows(prompts)
-            self.lengths = torch.tensor([drawn[r] for r in rows], device=input_ids.device)
-        ends = (self.lengths <= generated + 1) & (self.lengths < CAP)  # [n]: pick end-of-turn
-        out = scores.clone()
-        out[:, self.eos] = -math.inf
-        out[ends] = -math.inf
-        out[ends, self.eos] = 0.0
-        return out
-
-    def step_done(self, chosen: torch.Tensor, going: torch.Tensor) -> None:
-        """gspo-cli's decoding loop dropped its finished rows: keep the others' lengths."""
-        self.lengths = self.lengths[going]
-
-
 def max_new_tokens(shape: Shape, workload: str) -> int:
     return shape.length if workload == "fixed" else CAP  # CAP: the quickstart's too
 
@@ -347,7 +252,10 @@ def length_processor(tokenizer: Any, workload: str) -> Any:
     lengths (realistic; stateful, so a process makes exactly one), or none (quickstart)."""
     if workload == "quickstart":
         return None
-    return suppress_eos(tokenizer) if workload == "fixed" else RealisticLengths(tokenizer)
+    if workload == "fixed":
+        return suppress_eos(tokenizer)
+    prompt_ids = [tokenizer(text)["input_ids"] for text in prompt_texts(tokenizer)]
+    return RealisticLengths(int(tokenizer.eos_token_id), prompt_ids)
 
 
 def expected_lengths(shape: Shape, workload: str, cycle: int) -> list[int] | None:
