@@ -19,8 +19,8 @@ the floor append it to their processor lists:
   with end-of-turn, then 2 rows at random set to 64 (truncated: no end-of-turn), so every
   padded batch is 64 wide; about 20.6 tokens a row on average, 4 or 5 rows a cycle over 40.
   `RealisticLengths` (realistic_workload.py, with the draws) suppresses end-of-turn before a
-  row's last token and forces it there
-  (TRL passes no processors to `generate`: a wrapper of the model class's `generate` adds it).
+  row's last token and forces it there (TRL passes no processors to `generate`: a wrapper of
+  the model class's `generate` adds it).
   Rewards do not look at the text: per cycle 1 group of 8 (2 in every fourth cycle: 15.6% of
   groups in the long run, 15% over a five-round run, 12.5% in a one-round run) scores all 0
   or all 1, no signal; every other group has 1 to 7 of its 8 rows at 1. Lengths and rewards
