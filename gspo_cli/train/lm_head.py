@@ -18,6 +18,8 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from gspo_cli.train.batch import TrainBatch
+
 # Row tiles of at most this many float32 elements (16 MiB): under glibc's largest mmap
 # threshold (32 MiB), so their temporaries come from the heap again and again.
 TILE_ELEMENTS = 4 * 1024 * 1024
@@ -102,28 +104,20 @@ class TokenLogprobs(torch.autograd.Function):
 
 
 def head_logprobs(
-    model: PreTrainedModel,
-    head: nn.Linear,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    position_ids: torch.Tensor,
-    response_mask: torch.Tensor,
-    temperature: float,
-    entropy: bool,
+    model: PreTrainedModel, head: nn.Linear, batch: TrainBatch, temperature: float, entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`[n, T]` log-probs of the last T tokens of `input_ids` (`[n, P + T]`), 0 where
-    `response_mask` (`[n, T]`) is 0, and their entropy when asked: the backbone's forward, then
-    the head on the real response tokens only."""
+    """`[n, T]` log-probs of the batch's response tokens, 0 where `response_mask` is 0, and
+    their entropy when asked: the backbone's forward, then the head on real response tokens."""
     hidden = model.base_model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
         use_cache=False,
     ).last_hidden_state  # [n, P + T, H]
-    t = response_mask.shape[1]
-    real = response_mask.bool()  # [n, T]
+    t = batch.response_mask.shape[1]
+    real = batch.response_mask.bool()  # [n, T]
     h = hidden[:, -t - 1 : -1][real]  # [M, H]: position j predicts token j + 1
-    targets = input_ids[:, -t:][real]  # [M]
+    targets = batch.input_ids[:, -t:][real]  # [M]
     scale = 1.0 / temperature if temperature > 0 else 1.0
     token_lp, token_ent = TokenLogprobs.apply(h, head.weight, targets, scale, entropy)
     logprobs = token_lp.new_zeros(real.shape).index_put((real,), token_lp)  # [n, T]

@@ -23,16 +23,7 @@ def response_logprobs(
     """
     head = plain_linear_head(model)
     if head is not None:
-        return head_logprobs(
-            model,
-            head,
-            batch.input_ids,
-            batch.attention_mask,
-            batch.position_ids,
-            batch.response_mask,
-            temperature,
-            entropy,
-        )
+        return head_logprobs(model, head, batch, temperature, entropy)
     outputs = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
