@@ -44,10 +44,12 @@ the floor append it to their processor lists:
 
 - gspo: `rl_step` with TorchEngine and HFGenerateEngine, zero-advantage skipping off (equal work)
   and no MoE volatility probe (gspo-cli's one extra no-grad forward of 2 rows after each update);
-- gspo (defaults): skipping on and the probe on (MoE): rows of no-signal groups leave every
-  forward and backward, so it does LESS work whenever a group scores all equal (in the
-  realistic workload by design: that is the saving it is there to show), and on MoE 4 small
-  forwards MORE;
+- gspo (defaults): skipping on, each distinct prompt of a micro-batch run once (dense), and
+  the probe on (MoE): rows of no-signal groups leave every forward and backward, so it does
+  LESS work whenever a group scores all equal (in the realistic workload by design: that is
+  the saving it is there to show), a group's 8 (pi_old) or 2 (an update) responses share one
+  prompt forward, its backbone makes two calls per forward (prompts, then responses), and on
+  MoE 4 small forwards MORE;
 - trl: GRPOTrainer with per_device_train_batch_size=16, steps_per_generation=4 (a generation
   batch of 64), gradient_accumulation_steps=1 and num_iterations=1, so that it computes pi_old
   once per generation (TRL does whenever gradient_accumulation_steps is not a multiple of
@@ -130,7 +132,7 @@ LABELS = {
 }
 REALISTIC_LABELS = {
     **LABELS,
-    "gspo-defaults": "gspo-cli, defaults (LESS work: skips no-signal rows)",
+    "gspo-defaults": "gspo-cli, defaults (LESS work: no-signal rows skipped, prompts run once)",
 }
 
 
@@ -399,6 +401,7 @@ class GspoSide:
             {
                 "algorithm": {"name": "gspo", "minibatches": MINIBATCHES},
                 "optimizer": {"lr": LR, "max_grad_norm": MAX_GRAD_NORM},
+                "trainer": {"share_prompts": skip},  # equal work: a prompt per response
             }
         )
         params = SamplingParams(

@@ -369,6 +369,12 @@ class TrainerConfig(Section):
         description="Leave responses whose advantage is exactly 0 out of every forward and "
         "backward (the gradient is unchanged; off automatically with a KL or router aux term).",
     )
+    share_prompts: bool = Field(
+        True,
+        description="Run each distinct prompt of a micro-batch once and its responses on its "
+        "cached keys/values (dense full-attention models with a plain LM head; the gradient is "
+        "unchanged up to float rounding).",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to train.")
     seed: int = Field(0, description="Seed of sampling, initialisation and shuffling.")
     out_dir: str = Field("runs", description="Parent folder of run folders.")

@@ -116,6 +116,9 @@ class DeepSpeedEngine:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return response_logprobs(self.ds, batch.to(self.ds.device), temperature, entropy)
 
+    def shares_prompts(self, batch: TrainBatch) -> bool:
+        return False  # the DeepSpeed engine takes the model's own logits (see logprobs)
+
     def backward(self, loss: torch.Tensor | None, boundary: bool) -> None:
         # DeepSpeed averages gradients over ranks; the loss is normalised by global counts, so
         # multiplying by the world size turns that average into the global sum. A non-finite

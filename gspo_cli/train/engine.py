@@ -20,7 +20,7 @@ from gspo_cli.recipe.schema import OptimizerConfig, Recipe
 from gspo_cli.registry import Registry
 from gspo_cli.train.batch import TrainBatch
 from gspo_cli.train.distributed import DistContext
-from gspo_cli.train.logprobs import response_logprobs
+from gspo_cli.train.logprobs import prompts_shared, response_logprobs
 from gspo_cli.train.schedule import lr_lambda
 
 
@@ -38,6 +38,10 @@ class TrainEngine(Protocol):
         self, batch: TrainBatch, temperature: float, entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`[n, T]` response log-probs (with grad) and, when asked, entropy (no grad)."""
+        ...
+
+    def shares_prompts(self, batch: TrainBatch) -> bool:
+        """Whether `logprobs` runs each distinct prompt of `batch`'s rows once."""
         ...
 
     def backward(self, loss: torch.Tensor | None, boundary: bool) -> None:
@@ -93,14 +97,17 @@ class LogprobModel(Protocol):
 class FrozenPolicy:
     """Forward-only scorer of a frozen model (the KL reference)."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, share_prompts: bool = False) -> None:
         self.model = model
+        self.share_prompts = share_prompts
 
     def logprobs(
         self, batch: TrainBatch, temperature: float, entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         device = next(self.model.parameters()).device
-        return response_logprobs(self.model, batch.to(device), temperature, entropy)
+        return response_logprobs(
+            self.model, batch.to(device), temperature, entropy, self.share_prompts
+        )
 
 
 def optimizer_steps(recipe: Recipe) -> int:
@@ -130,6 +137,7 @@ class TorchEngine:
         if ctx.world > 1:
             raise GspoError("several processes need trainer.engine: deepspeed")
         self.model = model
+        self.share_prompts = recipe.trainer.share_prompts
         self.max_grad_norm = recipe.optimizer.max_grad_norm
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = adamw_with_schedule(
@@ -140,7 +148,12 @@ class TorchEngine:
         self, batch: TrainBatch, temperature: float, entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         device = next(self.model.parameters()).device
-        return response_logprobs(self.model, batch.to(device), temperature, entropy)
+        return response_logprobs(
+            self.model, batch.to(device), temperature, entropy, self.share_prompts
+        )
+
+    def shares_prompts(self, batch: TrainBatch) -> bool:
+        return self.share_prompts and prompts_shared(self.model, batch)
 
     def backward(self, loss: torch.Tensor | None, boundary: bool) -> None:
         if loss is not None:

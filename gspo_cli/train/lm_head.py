@@ -19,6 +19,7 @@ from transformers import PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from gspo_cli.train.batch import TrainBatch
+from gspo_cli.train.shared_prompts import response_hidden
 
 # Row tiles of at most this many float32 elements (16 MiB): under glibc's largest mmap
 # threshold (32 MiB), so their temporaries come from the heap again and again.
@@ -104,20 +105,19 @@ class TokenLogprobs(torch.autograd.Function):
 
 
 def head_logprobs(
-    model: PreTrainedModel, head: nn.Linear, batch: TrainBatch, temperature: float, entropy: bool
+    model: PreTrainedModel,
+    head: nn.Linear,
+    batch: TrainBatch,
+    temperature: float,
+    entropy: bool,
+    share_prompts: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`[n, T]` log-probs of the batch's response tokens, 0 where `response_mask` is 0, and
-    their entropy when asked: the backbone's forward, then the head on real response tokens."""
-    hidden = model.base_model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
-    ).last_hidden_state  # [n, P + T, H]
-    t = batch.response_mask.shape[1]
+    their entropy when asked: the backbone's forward (each distinct prompt once when
+    `share_prompts`, see shared_prompts.py), then the head on real response tokens."""
     real = batch.response_mask.bool()  # [n, T]
-    h = hidden[:, -t - 1 : -1][real]  # [M, H]: position j predicts token j + 1
-    targets = batch.input_ids[:, -t:][real]  # [M]
+    h = response_hidden(model, batch, share_prompts)[real]  # [M, H]: position j predicts j + 1
+    targets = batch.input_ids[:, -real.shape[1] :][real]  # [M]
     scale = 1.0 / temperature if temperature > 0 else 1.0
     token_lp, token_ent = TokenLogprobs.apply(h, head.weight, targets, scale, entropy)
     logprobs = token_lp.new_zeros(real.shape).index_put((real,), token_lp)  # [n, T]

@@ -7,23 +7,29 @@ from transformers import PreTrainedModel
 
 from gspo_cli.train.batch import TrainBatch
 from gspo_cli.train.lm_head import at_least_float32, head_logprobs, plain_linear_head
+from gspo_cli.train.shared_prompts import can_share_prompts
 
 ENTROPY_CHUNK_ROWS = 8  # rows per no-grad entropy pass: bounds its [rows, T, V] temporaries
 
 
 def response_logprobs(
-    model: PreTrainedModel, batch: TrainBatch, temperature: float, entropy: bool = False
+    model: PreTrainedModel,
+    batch: TrainBatch,
+    temperature: float,
+    entropy: bool = False,
+    share_prompts: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(y_t | x, y_<t) `[n, T]` at the sampling temperature, and the entropy `[n, T]`
     when asked (a metric: computed without grad, in chunks of rows), else None.
 
     A plain linear LM head (most causal LMs) is applied by `lm_head.head_logprobs`: response
-    tokens only, one `[tokens, V]` tensor in all. Other models give their own logits, never
+    tokens only, one `[tokens, V]` tensor in all; with `share_prompts`, each distinct prompt
+    runs once (dense models, shared_prompts.py). Other models give their own logits, never
     beyond the last prompt position; the log-probs are the chosen logit minus the logsumexp.
     """
     head = plain_linear_head(model)
     if head is not None:
-        return head_logprobs(model, head, batch, temperature, entropy)
+        return head_logprobs(model, head, batch, temperature, entropy, share_prompts)
     outputs = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -46,3 +52,10 @@ def response_logprobs(
             log_p = torch.log_softmax(rows, dim=-1)
             parts.append(-(log_p.exp() * log_p).sum(dim=-1))  # [r, T]
     return token_logprobs, torch.cat(parts)
+
+
+def prompts_shared(model: PreTrainedModel, batch: TrainBatch) -> bool:
+    """Whether `response_logprobs(..., share_prompts=True)` can run each distinct prompt of
+    the batch's rows once: the plain-head path, on a model that takes the prompt from a cache."""
+    head = plain_linear_head(model)
+    return head is not None and can_share_prompts(model, batch.input_ids.shape[1])

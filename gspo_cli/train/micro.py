@@ -39,29 +39,63 @@ def bucket(
     response_lengths: torch.Tensor,
     max_rows: int,
     max_tokens: int,
+    prompts: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
-    """`rows` in micro-batches, longest first, each of at most `max_rows` rows (0: no cap) and at
-    most `max_tokens` padded tokens (rows x (longest prompt + longest response); 0: no cap).
-    A single row over the budget still gets a micro-batch of its own."""
-    order = sorted(
-        rows.tolist(),
-        key=lambda r: (-int(prompt_lengths[r] + response_lengths[r]), r),
-    )
-    batches: list[list[int]] = []
-    prompt_max = response_max = 0
-    for row in order:
-        p, t = int(prompt_lengths[row]), int(response_lengths[row])
-        if batches:
-            grown = (len(batches[-1]) + 1) * (max(prompt_max, p) + max(response_max, t))
-            fits_rows = not max_rows or len(batches[-1]) < max_rows
-            fits_tokens = not max_tokens or grown <= max_tokens
-            if fits_rows and fits_tokens:
-                batches[-1].append(row)
-                prompt_max, response_max = max(prompt_max, p), max(response_max, t)
-                continue
-        batches.append([row])
-        prompt_max, response_max = p, t
+    """`rows` in micro-batches of at most `max_rows` rows (0: no cap) and at most `max_tokens`
+    computed tokens (0: no cap): rows x (longest prompt + longest response), or, when each
+    distinct prompt of a micro-batch runs once (`prompts`: `[N]` a prompt id per row), distinct
+    prompts x longest prompt + rows x longest response. Rows go longest first; with `prompts`,
+    prompt by prompt too, and the order that computes fewer tokens is kept. A single row over
+    the budget still gets a micro-batch of its own."""
+    lengths = prompt_lengths + response_lengths  # [N]
+    longest_first = sorted(rows.tolist(), key=lambda r: (-int(lengths[r]), r))
+    pack = _Packing(prompt_lengths, response_lengths, prompts, max_rows, max_tokens)
+    batches = pack(longest_first)
+    if prompts is not None:
+        group_longest: dict[int, int] = {}
+        for r in longest_first:  # the first row seen of a prompt is its longest
+            group_longest.setdefault(int(prompts[r]), int(lengths[r]))
+        by_prompt = sorted(
+            longest_first, key=lambda r: (-group_longest[int(prompts[r])], int(prompts[r]))
+        )  # a stable sort: longest first within a prompt
+        batches = min(batches, pack(by_prompt), key=lambda b: sum(map(pack.cost, b)))
     return [torch.tensor(b, dtype=torch.long) for b in batches]
+
+
+class _Packing:
+    """Greedy packing of rows, in the order given, under the row cap and the token budget."""
+
+    def __init__(
+        self,
+        prompt_lengths: torch.Tensor,
+        response_lengths: torch.Tensor,
+        prompts: torch.Tensor | None,
+        max_rows: int,
+        max_tokens: int,
+    ) -> None:
+        self.p, self.t = prompt_lengths.tolist(), response_lengths.tolist()
+        self.prompts = None if prompts is None else prompts.tolist()
+        self.max_rows, self.max_tokens = max_rows, max_tokens
+
+    def cost(self, batch: list[int]) -> int:
+        """Tokens the micro-batch's forward computes, padding included."""
+        prompt, response = max(self.p[r] for r in batch), max(self.t[r] for r in batch)
+        if self.prompts is None:
+            return len(batch) * (prompt + response)
+        return len({self.prompts[r] for r in batch}) * prompt + len(batch) * response
+
+    def __call__(self, order: list[int]) -> list[list[int]]:
+        batches: list[list[int]] = []
+        for row in order:
+            if batches:
+                fits_rows = not self.max_rows or len(batches[-1]) < self.max_rows
+                if fits_rows and (
+                    not self.max_tokens or self.cost([*batches[-1], row]) <= self.max_tokens
+                ):
+                    batches[-1].append(row)
+                    continue
+            batches.append([row])
+        return batches
 
 
 def in_step(batches: list[torch.Tensor], ctx: DistContext, filler_row: int) -> list[MicroBatch]:
@@ -86,19 +120,20 @@ def plan_step(
     caps: tuple[int, int],
     ctx: DistContext,
     forward_all: bool,
+    prompts: torch.Tensor | None = None,
 ) -> StepPlan:
     """Micro-batches of every minibatch (`splits`) over its rows with `signal`, and of the
     no-grad forwards over every row they use (all rows when `forward_all`: something reads
-    pi_old of every row). `caps`: (rows, padded tokens) per micro-batch, 0 = none."""
+    pi_old of every row). `caps`: (rows, computed tokens) per micro-batch, 0 = none;
+    `prompts`: `[N]` prompt ids when each distinct prompt of a micro-batch runs once."""
+    lengths = (prompt_lengths, response_lengths)
     minibatches = [
-        in_step(
-            bucket(rows[signal[rows]], prompt_lengths, response_lengths, *caps), ctx, int(rows[0])
-        )
+        in_step(bucket(rows[signal[rows]], *lengths, *caps, prompts), ctx, int(rows[0]))
         for rows in splits
     ]
     used = torch.cat([m.rows for micro in minibatches for m in micro]).unique()  # sorted
     if forward_all:
         used = torch.arange(len(signal))
-    forward = in_step(bucket(used, prompt_lengths, response_lengths, *caps), ctx, int(used[0]))
+    forward = in_step(bucket(used, *lengths, *caps, prompts), ctx, int(used[0]))
     trained = sum(len(m.rows) for micro in minibatches for m in micro if not m.filler)
     return StepPlan(minibatches, forward, trained)

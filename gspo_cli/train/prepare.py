@@ -227,7 +227,8 @@ def _reference(recipe: Recipe, model: PreTrainedModel) -> FrozenPolicy | None:
     """A frozen copy of the starting policy, only when the KL penalty is on."""
     if recipe.algorithm.kl_coef == 0:
         return None
-    return FrozenPolicy(copy.deepcopy(model).eval().requires_grad_(False))
+    frozen = copy.deepcopy(model).eval().requires_grad_(False)
+    return FrozenPolicy(frozen, recipe.trainer.share_prompts)
 
 
 def _wandb(recipe: Recipe, run_dir: Path) -> Any:

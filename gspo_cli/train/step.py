@@ -247,6 +247,7 @@ def rl_step(
         ctx,
         # the engine's log-probs are compared with (or corrected by) pi_old of every row
         forward_all=rollout.completion_logprobs is not None and not settings.use_engine_logprobs,
+        prompts=torch.arange(n) // g if engine.shares_prompts(batch) else None,  # [N] groups
     )
     temperature = params.temperature
     routing = StepRouting(

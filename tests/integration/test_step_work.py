@@ -35,18 +35,21 @@ class HalfSolvedReward:
 
 
 class CountingEngine(GradCapturingEngine):
-    """Also counts the rows and the (padded) tokens every forward computes."""
+    """Also counts the rows scored and the (padded) tokens the backbone computes."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.rows = 0
         self.tokens = 0
+        self.model.base_model.register_forward_hook(self._count_tokens)
+
+    def _count_tokens(self, module: Any, args: Any, output: Any) -> None:
+        self.tokens += output.last_hidden_state.shape[:2].numel()
 
     def logprobs(
         self, batch: TrainBatch, temperature: float, entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         self.rows += batch.input_ids.shape[0]
-        self.tokens += batch.input_ids.numel()
         return super().logprobs(batch, temperature, entropy)
 
 
@@ -57,7 +60,9 @@ def _rollout() -> FixedRollout:
     return FixedRollout(HFGenerateEngine(model, tokenizer).generate(PROMPTS, params))
 
 
-def _run(algorithm: str, agg: str, minibatches: int, **step: Any):  # type: ignore[no-untyped-def]
+def _run(  # type: ignore[no-untyped-def]
+    algorithm: str, agg: str, minibatches: int, share_prompts: bool = True, **step: Any
+):
     model, tokenizer = create_builtin("tiny-dense", seed=5)
     # float64: the fewer, narrower forwards must give the same update, which float32 rounding
     # (other matmul shapes, other summation orders) would blur at the 1e-6 level
@@ -66,6 +71,7 @@ def _run(algorithm: str, agg: str, minibatches: int, **step: Any):  # type: igno
         {
             "algorithm": {"name": algorithm, "minibatches": minibatches, "loss_agg": agg},
             "optimizer": {"lr": 1e-3},
+            "trainer": {"share_prompts": share_prompts},
         }
     )
     params = SamplingParams(temperature=1.0, max_new_tokens=16, num_samples=GROUP)
@@ -116,11 +122,30 @@ def test_clip_fractions_stay_shares_of_all_response_tokens(algorithm: str) -> No
 
 @pytest.mark.parametrize("agg", AGGREGATIONS)
 def test_a_token_budget_leaves_the_gradient_unchanged_and_computes_less_padding(agg: str) -> None:
-    padded, _, _ = _run("grpo", agg, 2, skip_zero_advantage=False)
-    budget, _, _ = _run("grpo", agg, 2, skip_zero_advantage=False, max_tokens_per_micro_batch=60)
+    # each prompt once: a budget that splits a prompt's rows would run it twice
+    padded, _, _ = _run("grpo", agg, 2, False, skip_zero_advantage=False)
+    budget, _, _ = _run(
+        "grpo", agg, 2, False, skip_zero_advantage=False, max_tokens_per_micro_batch=60
+    )
     assert budget.rows == padded.rows  # the same rows, in more, narrower micro-batches
     assert budget.tokens < padded.tokens
     assert _max_gap(padded.grads[0], budget.grads[0]) < 1e-6
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+@pytest.mark.parametrize("algorithm", ["gspo", "grpo"])
+def test_running_each_prompt_once_leaves_the_update_unchanged(algorithm: str, agg: str) -> None:
+    padded, padded_metrics, _ = _run(algorithm, agg, 2, share_prompts=False)
+    shared, shared_metrics, _ = _run(algorithm, agg, 2, share_prompts=True)
+    assert shared.rows == padded.rows
+    # a prompt runs once per micro-batch, not once per response; the minibatches' rows of a
+    # prompt stay together in the pi_old forward
+    assert shared.tokens < padded.tokens
+    for step in range(2):  # every optimiser step; RMSNorm rounds to float32 (see the unit test)
+        for key, grad in padded.grads[step].items():
+            gap = float((shared.grads[step][key] - grad).abs().max())
+            assert gap <= 1e-5 * float(grad.abs().max()), key
+    assert shared_metrics["loss"] == pytest.approx(padded_metrics["loss"], abs=1e-6)
 
 
 def test_a_step_without_signal_still_steps_the_optimiser_the_same_way() -> None:
@@ -162,3 +187,24 @@ def test_buckets_hold_every_row_once_within_the_caps() -> None:
         assert len(b) <= 3 and (cost <= 80 or len(b) == 1)
     assert batches[0].tolist()[0] == 4  # longest first: a memory peak shows at once
     assert [len(b) for b in bucket(rows, prompts, responses, 0, 0)] == [8]
+
+
+def test_buckets_of_shared_prompts_count_each_prompt_once_and_keep_the_cheaper_order() -> None:
+    # two prompts of 40 tokens, four rows each, responses of uneven lengths
+    prompt_ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    prompts = torch.full((8,), 40)
+    responses = torch.tensor([9, 2, 8, 1, 10, 3, 7, 2])
+    rows = torch.arange(8)
+    batches = bucket(rows, prompts, responses, max_rows=4, max_tokens=0, prompts=prompt_ids)
+    # longest first mixes the prompts in both micro-batches (2 x 40 + 4 x 10, 2 x 40 + 4 x 3):
+    # prompt by prompt computes 40 + 4 x 9 and 40 + 4 x 10
+    assert sorted(sorted(prompt_ids[b].tolist()) for b in batches) == [[0] * 4, [1] * 4]
+    budget = bucket(rows, prompts, responses, max_rows=0, max_tokens=100, prompts=prompt_ids)
+    assert sorted(torch.cat(budget).tolist()) == rows.tolist()
+    for b in budget:
+        cost = len(prompt_ids[b].unique()) * 40 + len(b) * int(responses[b].max())
+        assert cost <= 100 or len(b) == 1
+    # long responses of one prompt: padding to the group's longest costs more than the prompt
+    long = torch.tensor([900, 10, 880, 12, 905, 11, 890, 9])
+    mixed = bucket(rows, prompts, long, max_rows=4, max_tokens=0, prompts=prompt_ids)
+    assert sorted(sorted(b.tolist()) for b in mixed) == [[0, 2, 4, 6], [1, 3, 5, 7]]

@@ -1,0 +1,114 @@
+"""Each distinct prompt run once (train/shared_prompts.py) gives the padded batch's log-probs,
+entropy and gradients, for every listed dense family; everything else keeps the padded path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from gspo_cli.models import create_builtin
+from gspo_cli.rollout.base import RolloutBatch
+from gspo_cli.train import shared_prompts
+from gspo_cli.train.batch import TrainBatch, build_train_batch
+from gspo_cli.train.logprobs import response_logprobs
+from gspo_cli.train.shared_prompts import (
+    SHARED_PROMPT_MODEL_TYPES,
+    can_share_prompts,
+    distinct_prompts,
+)
+
+VOCAB = 300
+
+
+def _batch(seed: int = 0) -> TrainBatch:
+    """8 rows of 3 prompts (7, 11 and 4 tokens: left padding), interleaved, not grouped, with
+    responses of 1 to 8 tokens (right padding)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def tokens(n: int) -> list[int]:
+        return torch.randint(10, VOCAB, (n,), generator=gen).tolist()
+
+    prompts = [tokens(7), tokens(11), tokens(4)]
+    which = [0, 1, 0, 2, 1, 0, 2, 2]
+    responses = [tokens(int(torch.randint(1, 9, (1,), generator=gen))) for _ in which]
+    rollout = RolloutBatch(
+        [prompts[i] for i in which], responses, None, [""] * len(which), [False] * len(which)
+    )
+    return build_train_batch(rollout, pad_id=0)
+
+
+def _family(model_type: str) -> PreTrainedModel:
+    config = AutoConfig.for_model(
+        model_type,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_hidden_layers=2,
+        vocab_size=VOCAB,
+    )
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).double()
+
+
+def _run(model: PreTrainedModel, batch: TrainBatch, share: bool):  # type: ignore[no-untyped-def]
+    model.zero_grad()
+    logprobs, entropy = response_logprobs(model, batch, 0.7, entropy=True, share_prompts=share)
+    weights = torch.linspace(-1, 2, logprobs.numel()).view_as(logprobs)  # a non-uniform upstream
+    (logprobs * weights.double() * batch.response_mask).sum().backward()
+    grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    return logprobs.detach(), entropy, grads
+
+
+def test_rows_find_their_prompt() -> None:
+    batch = _batch()
+    first, inverse = distinct_prompts(batch)
+    assert inverse.tolist() == [inverse[0], inverse[1], inverse[0], inverse[6], inverse[1],
+                                inverse[0], inverse[6], inverse[6]]  # fmt: skip
+    assert len(first) == 3 and sorted(first.tolist()) == [0, 1, 3]
+    assert torch.equal(inverse[first], torch.arange(3))  # a representative row of its own prompt
+
+
+@pytest.mark.parametrize("model_type", sorted(SHARED_PROMPT_MODEL_TYPES))
+def test_every_listed_family_gives_the_padded_result(
+    model_type: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _family(model_type)
+    batch = _batch()
+    calls: list[int] = []
+    shared = shared_prompts._on_shared_prompts
+    monkeypatch.setattr(
+        shared_prompts,
+        "_on_shared_prompts",
+        lambda *args: calls.append(1) or shared(*args),  # type: ignore[func-returns-value]
+    )
+    padded = _run(model, batch, share=False)
+    assert not calls
+    ours = _run(model, batch, share=True)
+    assert calls == [1]  # the shared path ran
+    assert torch.allclose(ours[0], padded[0], atol=1e-10)
+    assert torch.allclose(ours[1], padded[1], atol=1e-10)  # type: ignore[arg-type]
+    assert padded[2].keys() == ours[2].keys()
+    for key, grad in padded[2].items():
+        # RMSNorm computes in float32 even in a float64 model: the gradients a prompt collects
+        # from its rows are rounded to float32 there, in another order than row by row
+        gap = float((ours[2][key] - grad).abs().max())
+        assert gap <= 1e-5 * float(grad.abs().max()), key
+    assert max(float(g.abs().max()) for g in padded[2].values()) > 1e-3  # a real gradient
+
+
+def test_the_builtin_model_shares_and_the_moe_does_not() -> None:
+    dense, _ = create_builtin("tiny-dense", seed=0)
+    moe, _ = create_builtin("tiny-moe", seed=0)
+    assert can_share_prompts(dense, 100)
+    assert not can_share_prompts(moe, 100)  # its router would see each prompt token once
+    dense.gradient_checkpointing_enable()
+    assert not can_share_prompts(dense, 100)  # checkpointing turns the cache off
+
+
+def test_an_attention_window_shorter_than_a_row_keeps_the_padded_path() -> None:
+    model = _family("mistral")
+    model.config.sliding_window = 16
+    assert can_share_prompts(model, 16) and not can_share_prompts(model, 17)
