@@ -361,8 +361,9 @@ class TrainerConfig(Section):
     max_tokens_per_micro_batch: int = Field(
         0,
         ge=0,
-        description="Padded tokens per forward/backward (rows x longest prompt + response); "
-        "rows are length-bucketed under it. 0 = no budget.",
+        description="Tokens computed per forward/backward, padding included (rows x longest "
+        "prompt + response; with share_prompts, distinct prompts x longest prompt + rows x "
+        "longest response); rows are length-bucketed under it. 0 = no budget.",
     )
     skip_zero_advantage: bool = Field(
         True,

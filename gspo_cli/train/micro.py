@@ -5,7 +5,9 @@ Two savings that cannot change the update:
   loss is a multiple of A), so it is left out of the pi_old forward and of every training
   forward/backward. The loss normalisers still count it, so the gradient is the same.
 - Rows are length-bucketed: sorted longest first and packed greedily into micro-batches under
-  a row cap and a padded-token budget, so short responses are not padded to long ones.
+  a row cap and a budget of computed tokens, so short responses are not padded to long ones.
+  Where each distinct prompt of a micro-batch runs once (shared_prompts.py), a group's rows
+  are worth keeping together: packing prompt by prompt is tried too, and the cheaper kept.
 
 With several processes every rank must run the same number of forwards and backwards (ZeRO
 gathers and reduces inside them, and the guard's checks are collectives): a rank with fewer
