@@ -1,7 +1,8 @@
 """What the RL step's savings buy, each against the step without it, on identical data.
 
-- zero-advantage skipping and length bucketing: the training part of a step (pi_old forward and
-  the minibatch updates) on one fixed rollout whose share of no-signal groups is set;
+- zero-advantage skipping, length bucketing and each distinct prompt run once: the training
+  part of a step (pi_old forward and the minibatch updates) on one fixed rollout whose share
+  of no-signal groups is set;
 - batched seeded sampling (per-row Gumbel noise) against one `generate` per prompt (the former
   seeded path) and against unseeded batched sampling;
 - the MoE volatility probe: a MoE step with and without it;
@@ -79,12 +80,18 @@ def _timed(run: Callable[[], Any]) -> float:
 
 
 def _train_seconds(
-    model: torch.nn.Module, rollout: FixedRollout, reward: NoSignalShare, **step: Any
+    model: torch.nn.Module,
+    rollout: FixedRollout,
+    reward: NoSignalShare,
+    share_prompts: bool,
+    **step: Any,
 ) -> float:
     """The training part of one step (pi_old forward + 4 minibatch updates) from `model`'s
     weights, on a fresh copy so that every variant starts from the same point."""
     copy_ = copy.deepcopy(model)
-    recipe = Recipe.model_validate({"algorithm": {"minibatches": 4}})
+    recipe = Recipe.model_validate(
+        {"algorithm": {"minibatches": 4}, "trainer": {"share_prompts": share_prompts}}
+    )
     settings = StepSettings(
         recipe.algorithm, SamplingParams(num_samples=SAMPLES), 0, False, 0, **step
     )
@@ -119,16 +126,21 @@ def training(rounds: int, console: Console) -> None:
         f"fixed rollout: {len(lengths)} responses, mean length {statistics.mean(lengths):.1f}, "
         f"max {max(lengths)}"
     )
-    variants = {
-        "everything": {"skip_zero_advantage": False},
-        "skip zero-advantage": {},
-        "skip + 256-token micro-batches": {"max_tokens_per_micro_batch": 256},
+    prompt = statistics.mean(len(p) for p in batch.prompt_ids)
+    console.print(f"prompts: mean {prompt:.1f} tokens, each shared by {SAMPLES} responses")
+    variants: dict[str, tuple[bool, dict[str, Any]]] = {  # (share_prompts, step settings)
+        "everything": (False, {"skip_zero_advantage": False}),
+        "skip zero-advantage": (False, {}),
+        "skip + 256-token micro-batches": (False, {"max_tokens_per_micro_batch": 256}),
+        "each prompt once": (True, {"skip_zero_advantage": False}),
+        "skip + each prompt once (defaults)": (True, {}),
     }
     for share in (0.0, 0.16, 0.5):
         seconds: dict[str, list[float]] = defaultdict(list)
         for _ in range(rounds):
-            for name, step in variants.items():
-                seconds[name].append(_train_seconds(model, rollout, NoSignalShare(share), **step))
+            for name, (shared, step) in variants.items():
+                reward = NoSignalShare(share)
+                seconds[name].append(_train_seconds(model, rollout, reward, shared, **step))
         title = f"training part of a step, {share:.0%} of groups without signal"
         console.print(_table(title, seconds, "everything"))
 
