@@ -83,7 +83,7 @@ def _train_seconds(
     model: torch.nn.Module,
     rollout: FixedRollout,
     reward: NoSignalShare,
-    share_prompts: bool,
+    share_prompts: bool = True,
     **step: Any,
 ) -> float:
     """The training part of one step (pi_old forward + 4 minibatch updates) from `model`'s
