@@ -42,8 +42,10 @@ the floor append it to their processor lists:
   so lengths, tokens and no-signal groups differ from side to side and round to round (all
   printed); compare completion tokens/s, not seconds. Forwarded tokens differ as above.
 
-- gspo: `rl_step` with TorchEngine and HFGenerateEngine, zero-advantage skipping off (equal work)
-  and no MoE volatility probe (gspo-cli's one extra no-grad forward of 2 rows after each update);
+- gspo: `rl_step` with TorchEngine and HFGenerateEngine, zero-advantage skipping off (equal work),
+  one prompt pass per response in training (`trainer.share_prompts: false`; its decoding loop
+  still prefills each prompt once) and no MoE volatility probe (gspo-cli's one extra no-grad
+  forward of 2 rows after each update);
 - gspo (defaults): skipping on, each distinct prompt of a micro-batch run once (dense), and
   the probe on (MoE): rows of no-signal groups leave every forward and backward, so it does
   LESS work whenever a group scores all equal (in the realistic workload by design: that is

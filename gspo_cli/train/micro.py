@@ -88,15 +88,23 @@ class _Packing:
 
     def __call__(self, order: list[int]) -> list[list[int]]:
         batches: list[list[int]] = []
+        prompt = response = 0  # the open micro-batch's longest prompt and response
+        distinct: set[int] = set()  # its prompts (when they run once)
         for row in order:
+            p, t = self.p[row], self.t[row]
+            key = row if self.prompts is None else self.prompts[row]
             if batches:
-                fits_rows = not self.max_rows or len(batches[-1]) < self.max_rows
-                if fits_rows and (
-                    not self.max_tokens or self.cost([*batches[-1], row]) <= self.max_tokens
-                ):
+                rows = len(batches[-1]) + 1
+                passes = rows if self.prompts is None else len(distinct) + (key not in distinct)
+                grown = passes * max(prompt, p) + rows * max(response, t)
+                fits_rows = not self.max_rows or rows <= self.max_rows
+                if fits_rows and (not self.max_tokens or grown <= self.max_tokens):
                     batches[-1].append(row)
+                    prompt, response = max(prompt, p), max(response, t)
+                    distinct.add(key)
                     continue
             batches.append([row])
+            prompt, response, distinct = p, t, {key}
         return batches
 
 

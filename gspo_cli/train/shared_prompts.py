@@ -24,20 +24,39 @@ from gspo_cli.train.batch import TrainBatch
 # each one's shared forward against the padded one).
 SHARED_PROMPT_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention"})
+# Rotary embeddings whose frequencies do not depend on the call: "dynamic" and "longrope"
+# rescale them from the longest position a forward sees, which the prompt pass alone is not.
+STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 
 
 def can_share_prompts(model: PreTrainedModel, length: int) -> bool:
     """Whether rows of `length` tokens can take their prompt's keys/values from a cache: a
-    listed dense type, no gradient checkpointing, no attention window shorter than a row."""
+    listed dense type with static rotary frequencies and no dropout (a group's rows would share
+    one mask on their prompt), no gradient checkpointing, no attention window shorter than a
+    row."""
     config = model.config
     if getattr(config, "model_type", None) not in SHARED_PROMPT_MODEL_TYPES:
         return False
     if getattr(model, "is_gradient_checkpointing", False):
         return False
+    if getattr(config, "attention_dropout", 0.0) and model.training:
+        return False
+    if not _rope_types(config) <= STATIC_ROPE_TYPES:
+        return False
     if not set(getattr(config, "layer_types", None) or ["full_attention"]) <= ATTENTION_KINDS:
         return False
     window = getattr(config, "sliding_window", None)
     return not window or length <= window
+
+
+def _rope_types(config: object) -> set[str]:
+    """The rotary types of the config: one, or one per layer type."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not params:
+        return {"default"}
+    if all(isinstance(v, dict) for v in params.values()):  # {layer type: parameters}
+        return {str(v.get("rope_type", v.get("type", "default"))) for v in params.values()}
+    return {str(params.get("rope_type", params.get("type", "default")))}
 
 
 def distinct_prompts(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:

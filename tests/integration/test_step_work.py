@@ -148,6 +148,19 @@ def test_running_each_prompt_once_leaves_the_update_unchanged(algorithm: str, ag
     assert shared_metrics["loss"] == pytest.approx(padded_metrics["loss"], abs=1e-6)
 
 
+def test_a_token_budget_with_shared_prompts_leaves_the_update_unchanged() -> None:
+    padded, _, _ = _run("gspo", "seq_mean_token_mean", 2, False, skip_zero_advantage=False)
+    budget, _, _ = _run(
+        "gspo", "seq_mean_token_mean", 2, True, skip_zero_advantage=False,
+        max_tokens_per_micro_batch=60,
+    )  # fmt: skip
+    assert budget.rows == padded.rows
+    for step in range(2):
+        for key, grad in padded.grads[step].items():
+            gap = float((budget.grads[step][key] - grad).abs().max())
+            assert gap <= 1e-5 * float(grad.abs().max()), key
+
+
 def test_a_step_without_signal_still_steps_the_optimiser_the_same_way() -> None:
     class Solved(HalfSolvedReward):
         def __call__(self, completions: list[str], rows: list[dict[str, Any]]) -> Any:

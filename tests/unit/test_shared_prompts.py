@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
+from gspo_cli.distinct import distinct_rows
 from gspo_cli.models import create_builtin
 from gspo_cli.rollout.base import RolloutBatch
 from gspo_cli.train import shared_prompts
@@ -112,3 +113,27 @@ def test_an_attention_window_shorter_than_a_row_keeps_the_padded_path() -> None:
     model = _family("mistral")
     model.config.sliding_window = 16
     assert can_share_prompts(model, 16) and not can_share_prompts(model, 17)
+
+
+def test_rotary_frequencies_that_follow_the_length_keep_the_padded_path() -> None:
+    """ "dynamic" rescales RoPE from the longest position a call sees: the prompt pass alone
+    would rotate its keys otherwise than the whole row does."""
+    model = _family("llama")
+    assert can_share_prompts(model, 100)
+    for rope_type in ("dynamic", "longrope"):
+        model.config.rope_parameters = {"rope_type": rope_type, "factor": 2.0, "rope_theta": 1e4}
+        assert not can_share_prompts(model, 100), rope_type
+    model.config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}
+    assert can_share_prompts(model, 100)
+
+
+def test_dropout_while_training_keeps_the_padded_path() -> None:
+    model = _family("qwen3")
+    model.config.attention_dropout = 0.1
+    assert not can_share_prompts(model.train(), 100)  # one mask would serve a whole group
+    assert can_share_prompts(model.eval(), 100)
+
+
+def test_no_rows_have_no_distinct_rows() -> None:
+    first, inverse = distinct_rows(torch.zeros((0, 4), dtype=torch.long))
+    assert first.numel() == 0 and inverse.numel() == 0
