@@ -9,7 +9,6 @@ import pytest
 import torch
 import transformers
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from gspo_cli.models import create_builtin
@@ -22,6 +21,7 @@ from gspo_cli.train.lm_head import (
     plain_linear_head,
 )
 from gspo_cli.train.logprobs import response_logprobs
+from tests.small_models import small_causal_lm
 
 
 def _batch(vocab: int) -> TrainBatch:
@@ -74,15 +74,9 @@ def test_the_head_equals_autograd_on_the_models_own_logits(name: str, temperatur
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 @pytest.mark.parametrize("model_type", sorted(PLAIN_HEAD_MODEL_TYPES))
 def test_every_listed_family_equals_autograd(model_type: str, tied: bool) -> None:
-    config = AutoConfig.for_model(
+    model = small_causal_lm(
         model_type,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_hidden_layers=2,
-        vocab_size=300,
+        300,
         num_local_experts=4,
         num_experts=4,
         num_experts_per_tok=2,
@@ -90,8 +84,6 @@ def test_every_listed_family_equals_autograd(model_type: str, tied: bool) -> Non
         shared_expert_intermediate_size=32,
         tie_word_embeddings=tied,
     )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
     assert plain_linear_head(model) is model.lm_head
     ours = _run(model, _batch(300), 0.7, own_logits=False)
     theirs = _run(model, _batch(300), 0.7, own_logits=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from gspo_cli.distinct import distinct_rows
 from gspo_cli.models import create_builtin
@@ -18,6 +18,7 @@ from gspo_cli.train.shared_prompts import (
     can_share_prompts,
     distinct_prompts,
 )
+from tests.small_models import small_causal_lm
 
 VOCAB = 300
 
@@ -40,18 +41,7 @@ def _batch(seed: int = 0) -> TrainBatch:
 
 
 def _family(model_type: str) -> PreTrainedModel:
-    config = AutoConfig.for_model(
-        model_type,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_hidden_layers=2,
-        vocab_size=VOCAB,
-    )
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config).double()
+    return small_causal_lm(model_type, VOCAB).double()
 
 
 def _run(model: PreTrainedModel, batch: TrainBatch, share: bool):  # type: ignore[no-untyped-def]
