@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, LogitsProcessor
+from transformers import LogitsProcessor
 
 from gspo_cli.models import create_builtin
 from gspo_cli.rollout import RolloutBatch, SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
 from tests.integration.test_rl_step import PROMPTS
+from tests.small_models import small_causal_lm
 
 
 class EndAfterSmallTokens(LogitsProcessor):
@@ -81,22 +82,15 @@ def test_dropping_finished_rows_gives_generates_tokens_and_logprobs() -> None:
 def test_a_hybrid_conv_attention_model_drops_rows_from_every_cache_layer() -> None:
     """LFM2 caches conv states besides keys and values: they must leave with their rows."""
     _, tokenizer = create_builtin("tiny-dense", seed=3)
-    config = AutoConfig.for_model(
+    model = small_causal_lm(
         "lfm2",
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
+        len(tokenizer),
         block_dim=64,
         block_ff_dim=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_hidden_layers=2,
         layer_types=["conv", "full_attention"],
         pad_token_id=int(tokenizer.pad_token_id),
         eos_token_id=int(tokenizer.eos_token_id),
     )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
     params = SamplingParams(temperature=0.8, max_new_tokens=12, num_samples=2, logprobs=True)
     (lean, lean_rows), (full, full_rows) = _both_ways(model, tokenizer, params, [1, 2, 3, 4])
     assert lean.completion_ids == full.completion_ids
