@@ -38,6 +38,7 @@ from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.distributed import LOCAL
 from gspo_cli.train.engine import TorchEngine
 from gspo_cli.train.replay import StepRouting
+from gspo_cli.train.rewards import RewardScores
 from gspo_cli.train.step import StepSettings, rl_step
 
 PROMPTS, SAMPLES = 16, 8  # the quickstart's batch
@@ -60,11 +61,13 @@ class NoSignalShare:
     def __init__(self, share: float) -> None:
         self.constant_rows = round(share * PROMPTS) * SAMPLES
 
-    def __call__(self, completions: list[str], rows: list[Any]) -> tuple[list[float], list[float]]:
+    def __call__(
+        self, completions: list[str], rows: list[Any], completion_ids: Any = None
+    ) -> RewardScores:
         scores = [
             1.0 if i < self.constant_rows else float(len(c) % 2) for i, c in enumerate(completions)
         ]
-        return scores, scores
+        return RewardScores(scores, scores, {})
 
 
 def _prompts(tokenizer: Any) -> list[list[int]]:

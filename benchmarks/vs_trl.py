@@ -422,11 +422,12 @@ class GspoSide:
         self.cycles = 0
 
     def cycle(self) -> dict[str, Any]:
+        from gspo_cli.train.rewards import RewardScores
         from gspo_cli.train.step import rl_step
 
-        def reward(texts: list[str], rows: list[Any]) -> tuple[list[float], list[float]]:
+        def reward(texts: list[str], rows: list[Any], completion_ids: Any) -> RewardScores:
             scores = self.rewards(texts, [row["prompt"] for row in rows])
-            return scores, scores
+            return RewardScores(scores, scores, {})
 
         rows = [{"prompt": i} for i in range(PROMPTS)]  # rl_step repeats them per sample
         step, self.cycles = self.cycles, self.cycles + 1

@@ -7,7 +7,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated
 
@@ -20,7 +20,7 @@ from gspo_cli.errors import GspoError
 from gspo_cli.recipe import Recipe, RecipeError, load_recipe
 from gspo_cli.recipe.loader import describe_error
 from gspo_cli.registry import UnknownNameError
-from gspo_cli.run_folder import COLD_START, HF_CONFIG, run_dir_of, write_error
+from gspo_cli.run_folder import COLD_START, HF_CONFIG, one_writer, run_dir_of, write_error
 from gspo_cli.train.signals import (
     INTERRUPT_EXIT,
     Stopped,
@@ -92,7 +92,7 @@ def train(
     resolved = load_recipe(recipe, set_)  # a bad recipe fails before the heavy imports below
     run_dir = run_dir_of(resolved, out)
     console.print(f"[bold]gspo train[/bold] {_summary(resolved)}", highlight=False)
-    with _stop_line(lambda: stop_message(run_dir, sys.argv[1:])):
+    with _stop_line(lambda: stop_message(run_dir, sys.argv[1:])), _writer(run_dir, "gspo train"):
         from gspo_cli.train.launch import launch, rank_dies_with_launcher, under_launcher
         from gspo_cli.train.loop import train as run_training
 
@@ -116,7 +116,7 @@ def sft(recipe: RecipeArg, set_: SetOpt = None, out: OutOpt = None) -> None:
             return f"stopped after the cold start was saved in {run_dir / COLD_START}"
         return f"stopped before the cold start was saved; rerun with: gspo {_argv()}"
 
-    with _stop_line(stopped), stop_on_signals(0):
+    with _stop_line(stopped), stop_on_signals(0), _writer(run_dir, "gspo sft"):
         from gspo_cli.train.loop import run_sft_only
 
         run_sft_only(resolved, dump_recipe_yaml(resolved), out=out, console=console)
@@ -161,7 +161,19 @@ def eval_(
         bool, typer.Option("--resume", help="Skip problems already done in --out.")
     ] = False,
     recipe: Annotated[
-        Path | None, typer.Option(help="Take defaults from this recipe's eval section.")
+        Path | None,
+        typer.Option(
+            help="Take defaults from this recipe's eval section; `custom` problems get its "
+            "data.prompt_template, as in training."
+        ),
+    ] = None,
+    prompt_template: Annotated[
+        str | None,
+        typer.Option(
+            "--prompt-template",
+            help="Format each question with this ({prompt} = the question) instead of the "
+            "benchmark's instruction.",
+        ),
     ] = None,
     set_: SetOpt = None,
 ) -> None:
@@ -204,6 +216,7 @@ def eval_(
         verifier_workers=verifier.num_workers,
         verifier_timeout_s=verifier.timeout_s,
         engine=engine or resolved.rollout.engine,
+        prompt_template=_eval_template(prompt_template, recipe, resolved, merged["benchmark"]),
     )
     try:  # the same range and file checks as a recipe's eval section
         EvalConfig.model_validate({k: merged[k] for k in EvalConfig.model_fields})
@@ -248,6 +261,29 @@ def compare(
         console=console,
     )
     raise typer.Exit(code)
+
+
+def _eval_template(
+    flag: str | None, recipe_file: Path | None, recipe: Recipe, benchmark: str
+) -> str | None:
+    """The prompt template `gspo eval` applies: --prompt-template, else for `custom` data (a
+    model's own task) the --recipe's, which the model was trained with; None: the benchmark's."""
+    from gspo_cli.recipe.schema import check_template
+
+    if flag is not None:
+        try:
+            return check_template(flag)
+        except ValueError as exc:
+            raise GspoError(f"--prompt-template: {exc}") from None
+    if recipe_file is not None and benchmark == "custom":
+        return recipe.data.prompt_template
+    return None
+
+
+def _writer(run_dir: Path, command: str) -> AbstractContextManager[None]:
+    """The run folder's one-writer lock. The ranks a launcher started (--nproc) leave it to
+    the launching `gspo train`, which holds it for them all."""
+    return nullcontext() if "LOCAL_RANK" in os.environ else one_writer(run_dir, command)
 
 
 def _argv() -> str:

@@ -10,15 +10,18 @@ A training run folder (`gspo train`, `gspo sft`; default `trainer.out_dir/<recip
     summary.json       {"steps": N, "heldout_accuracy": {"<step>": ...}}, written at the end
     cold_start/        the cold-start SFT result, an HF checkpoint (config.json, weights, tokenizer)
     checkpoints/
-        step_NNNNNN/   HF weights + tokenizer, trainer_state.pt (step, sampler, RNG, world) and
-                       the engine's state (optimizer.pt, or deepspeed/ for DeepSpeed)
+        step_NNNNNN/   HF weights + tokenizer, trainer_state.pt (step, sampler, RNG, world,
+                       rollbacks) and the engine's state (optimizer.pt, or deepspeed/)
         latest         text file: the name of the newest complete step_NNNNNN folder
     wandb/             wandb's own files, when `logging.wandb` is on
+    wandb_run_id       the wandb run's id, which a resumed run continues
+    .gspo.lock         held (flock) by the one process writing the folder; says who: pid, host
 
 Folders (cold_start/, step_NNNNNN/) are written under a hidden `.<name>.tmp` staging name and
 renamed into place; files are appended with fsync (JSONL) or replaced atomically (the rest), so a
 kill at any moment leaves the previous state readable. On resume, JSONL records of steps after the
-restored checkpoint are dropped.
+restored checkpoint are dropped. A folder has one writer at a time (`one_writer`): the kernel
+drops the lock of a process that dies, so a killed run's lock never blocks its resume.
 
 An eval output folder (`gspo eval`; default `evals/<benchmark>`; a run folder may hold them as
 `eval/` or `eval/<benchmark>/`, and `gspo compare` reads `results.json` from all three places):
@@ -26,6 +29,7 @@ An eval output folder (`gspo eval`; default `evals/<benchmark>`; a run folder ma
     settings.json      the evaluation settings; `--resume` requires them unchanged
     samples.jsonl      one record per finished problem (appended, so a rerun skips it)
     results.json       the metrics with intervals, written at the end
+    .gspo.lock         as in a training run folder
 
 A comparison folder (`gspo compare`; default `comparisons/latest`): summary.json, summary.md and
 one `<metric>.png` per plot.
@@ -33,11 +37,15 @@ one `<metric>.png` per plot.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import os
+import secrets
 import shutil
-import tempfile
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,6 +68,9 @@ LATEST = "latest"  # inside checkpoints/
 TRAINER_STATE = "trainer_state.pt"  # inside checkpoints/step_NNNNNN/
 STEP_GLOB = "step_*"
 HF_CONFIG = "config.json"  # what marks a folder as an HF checkpoint
+WANDB_ID = "wandb_run_id"
+
+LOCK = ".gspo.lock"  # also in an eval output folder
 
 # Eval output folder.
 SETTINGS = "settings.json"
@@ -128,9 +139,10 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write to a temporary file in the same folder, fsync it, then rename it over `path`.
 
-    A kill mid-write leaves the old file (or none), never a truncated one.
+    A kill mid-write leaves the old file (or none), never a truncated one. The file gets the
+    mode a plain open would give (0644 under the usual umask).
     """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _new_temp_file(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -140,6 +152,17 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _new_temp_file(path: Path) -> tuple[int, str]:
+    """A new hidden file beside `path`, opened for writing. Not tempfile.mkstemp: its files are
+    0600 whatever the umask, and the rename would carry that mode to `path`."""
+    while True:
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:  # a name another writer drew: draw again
+            continue
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -168,6 +191,92 @@ def check_run_folder(run_dir: Path, resume: bool) -> None:
         raise GspoError(
             f"run folder {run_dir} already exists: pass --resume to continue it, or --out"
         )
+
+
+# Lock files this process holds (descriptors). A forked child (a maths verifier worker) closes
+# its copies: else it would keep a SIGKILLed trainer's lock alive until it died too.
+_HELD_LOCKS: set[int] = set()
+# How long a refused writer waits for the holder's pid and host to be written (it locks first).
+HOLDER_WAIT_S = 1.0
+
+
+def _close_held_locks() -> None:
+    for fd in _HELD_LOCKS:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_close_held_locks)
+
+
+@contextlib.contextmanager
+def one_writer(folder: Path, command: str) -> Iterator[None]:
+    """Hold `folder`'s lock (created with the folder if need be) while the block runs.
+
+    A second writer (any command, with or without --resume) gets one line naming the holder.
+    The lock is the kernel's (flock on LOCK), which it drops when the holder dies however it
+    dies, SIGKILL included: a lock a killed run left never blocks its resume. The file only
+    says who holds it (pid, host, command) and is removed on release."""
+    if folder.exists() and not folder.is_dir():
+        raise GspoError(f"{folder} is a file, not a folder: choose another --out")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = _take_lock(folder, command)
+    except OSError as exc:
+        raise write_error(exc, folder) from None
+    _HELD_LOCKS.add(fd)
+    try:
+        yield
+    finally:
+        _HELD_LOCKS.discard(fd)
+        with contextlib.suppress(OSError):
+            (folder / LOCK).unlink()  # before unlocking: see _take_lock
+        os.close(fd)
+
+
+def _take_lock(folder: Path, command: str) -> int:
+    """The locked descriptor of `folder`/LOCK, with this process written in it; GspoError
+    naming the holder when another process has it."""
+    path = folder / LOCK
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # no O_TRUNC: the holder's record
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise GspoError(
+                f"{folder} is in use by {_holder(path)}: wait for it to end, or choose "
+                "another --out"
+            ) from None
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # a holder removed this file as it released it: lock the new one
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "command": command}
+    record["since"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps(record).encode("utf-8"))
+    return fd
+
+
+def _holder(path: Path) -> str:
+    """Who holds the lock at `path`, from its record: 'gspo train (pid 12, host h, since ...)'.
+    The holder writes it just after locking, so an empty record is waited for, briefly."""
+    deadline = time.monotonic() + HOLDER_WAIT_S
+    while True:
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            return (
+                f"{record['command']} (pid {record['pid']} on host {record['host']}, "
+                f"since {record['since']})"
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            if time.monotonic() > deadline:
+                return "another process (its pid and host are unknown)"
+            time.sleep(0.05)
 
 
 def out_of_space(exc: BaseException, path: Path) -> bool:

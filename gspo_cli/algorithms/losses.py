@@ -38,6 +38,11 @@ PAPER_CLIP: dict[str, tuple[float, float]] = {
     "grpo": (0.2, 0.27),
 }
 
+# Losses whose importance ratio is one length-normalised ratio per sequence (no token ratio):
+# pi_old may come from the rollout engine's likelihoods (GSPO section 5.4). GSPO-token keeps a
+# per-token ratio and GRPO is token-level, so both need the trainer's own pi_old.
+SEQUENCE_RATIO_LOSSES = frozenset({"gspo"})
+
 
 def _clipped_objective(
     ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float

@@ -55,9 +55,10 @@ MARK_LABELS = {"non_finite": "NaN/inf", "reward_collapse": "collapse", "entropy_
 
 
 def plot_keys(cmp: Comparison) -> list[str]:
-    """The metrics to plot: --metrics when given (without "eval"), else the default set."""
+    """The metrics to plot: --metrics when given (without "eval"), else the default set and
+    each reward function's curve."""
     if cmp.metrics is None:
-        return list(PLOTS)
+        return [*PLOTS, *cmp.reward_keys]
     return [m for m in cmp.metrics if m != "eval"]
 
 

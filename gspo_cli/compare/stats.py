@@ -4,11 +4,13 @@ Final and best reward are read from the reward curve smoothed with --smooth (the
 the last finite smoothed value, i.e. the trailing mean of the last W steps). Means (clip fraction,
 ratio spread, entropy, throughput, ...) are over the raw finite values of every logged step.
 "reward_at_common_x" is the smoothed reward at the furthest x every run reached, so runs of
-different lengths are compared at the same point.
+different lengths are compared at the same point. Each reward function's own curve
+(`reward/<name>/mean`, logged by the trainer) gets its final smoothed value too.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +35,7 @@ MEANS = (
     "mismatch_outside_clip_frac",
     "correction_masked_token_frac",
 )
+REWARD_FUNCTION = re.compile(r"reward/.+/mean")  # one reward function's mean per step
 HEADLINE = (
     "final_reward",
     "best_reward",
@@ -63,6 +66,20 @@ class Comparison:
     metrics: list[str] | None
     common_x: float | None
     groups: list[SeedGroup] | None = None  # --group-seeds: the table's and plots' columns
+    reward_keys: list[str] = field(default_factory=list)  # reward/<name>/mean some run has
+
+
+def reward_function_keys(runs: list[Run]) -> list[str]:
+    """The per-function reward curves (`reward/<name>/mean`) any of `runs` logged, sorted."""
+    keys = {k for run in runs for record in run.records for k in record}
+    return sorted(k for k in keys if REWARD_FUNCTION.fullmatch(k))
+
+
+def final_value(run: Run, key: str, window: int) -> float | None:
+    """The last finite value of `key`'s curve smoothed over `window` steps."""
+    series = metric_series(run, key)
+    finite = smooth(series, window).finite() if series is not None else None
+    return float(finite.values[-1]) if finite is not None and len(finite.values) else None
 
 
 def mean_of(run: Run, key: str) -> float | None:
@@ -150,10 +167,10 @@ def common_x(runs: list[Run], x: str) -> float | None:
     return min(ends) if len(ends) > 1 else None
 
 
-def _deltas(stats: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
+def _deltas(stats: dict[str, Any], base: dict[str, Any], extra: list[str]) -> dict[str, float]:
     deltas = {
         key: float(stats[key] - base[key])
-        for key in HEADLINE
+        for key in (*HEADLINE, *extra)
         if stats.get(key) is not None and base.get(key) is not None
     }
     for label, entry in stats["eval"].items():
@@ -174,8 +191,13 @@ def compare(
         report.stats["reward_at_common_x"] = (
             reward_at(report.run, x, window, shared) if shared is not None else None
         )
+    reward_keys = reward_function_keys(runs)
+    for report in reports:
+        for key in reward_keys:
+            report.stats[f"{key}_final"] = final_value(report.run, key, window)
     base = next(r for r in reports if r.run is baseline)
+    finals = [f"{key}_final" for key in reward_keys]
     for report in reports:
         if report is not base:
-            report.deltas = _deltas(report.stats, base.stats)
-    return Comparison(reports, base, x, window, metrics, shared)
+            report.deltas = _deltas(report.stats, base.stats, finals)
+    return Comparison(reports, base, x, window, metrics, shared, reward_keys=reward_keys)

@@ -143,6 +143,8 @@ def row_specs(cmp: Comparison) -> list[RowSpec]:
         label = f"reward @ {cmp.x} {_axis_point(cmp)}"
         cell = _fmt("{:.3f}", "reward_at_common_x")
         specs.append(RowSpec(label, "reward_mean", cell, "reward_at_common_x"))
+    for key in cmp.reward_keys:  # each reward function's own curve, as the total's final
+        specs.append(RowSpec(f"final {key}", key, _fmt("{:.3f}", f"{key}_final"), f"{key}_final"))
     specs.append(
         RowSpec("held-out acc first → last", "heldout_accuracy", _heldout, "heldout_last", points)
     )

@@ -1,7 +1,8 @@
 """`gspo eval`: sample k responses per problem, judge them, and report metrics with intervals.
 
 The run is resumable: each finished problem is appended to `samples.jsonl` (fsynced) and a rerun
-with `resume=True` skips it. `results.json` is written atomically at the end.
+with `resume=True` skips it. `results.json` is written atomically at the end. The output folder
+has one writer at a time (run_folder.one_writer); progress goes to stderr (eval/progress.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -25,6 +25,7 @@ from gspo_cli.data.problems import Problem
 from gspo_cli.errors import GspoError
 from gspo_cli.eval.checkpoints import resolve_checkpoint
 from gspo_cli.eval.codeelo import load_standings_cache
+from gspo_cli.eval.progress import EvalProgress
 from gspo_cli.eval.scoring import score_samples
 from gspo_cli.eval.summary import codeforces_elo, summarize
 from gspo_cli.models import load_policy
@@ -35,6 +36,7 @@ from gspo_cli.run_folder import (
     SAMPLES,
     SETTINGS,
     append_jsonl,
+    one_writer,
     read_jsonl,
     write_error,
     write_text_atomic,
@@ -63,6 +65,9 @@ class EvalSettings:
     verifier_workers: int = 2
     verifier_timeout_s: float = 5.0
     engine: str = "hf"  # a registered rollout engine (hf, vllm)
+    # Wraps each bare question ({prompt}) in place of the benchmark's instruction: a model's
+    # own task asks in its training recipe's words (data.prompt_template). None: the benchmark's.
+    prompt_template: str | None = None
 
 
 def run_eval(
@@ -86,35 +91,48 @@ def run_eval(
             load_standings_cache(settings.standings)
         except ValueError as exc:
             raise GspoError(f"--standings: {exc}") from None
-    done = _prepare_out(out, settings, resume)
+    with one_writer(out, "gspo eval"):
+        done = _prepare_out(out, settings, resume)
+        records = _sample_and_judge(
+            settings, model_path, problems, done, out, console, engine_factory
+        )
+        results = _results(settings, model_path, problems, records)
+        write_text_atomic(out / RESULTS, json.dumps(results, indent=2))
+    print_results(results, console)
+    console.print(f"results: {out / RESULTS} (per problem: {out / SAMPLES})", highlight=False)
+    return results
+
+
+def _sample_and_judge(
+    settings: EvalSettings,
+    model_path: str,
+    problems: list[Problem],
+    done: dict[str, dict[str, Any]],
+    out: Path,
+    console: Console,
+    engine_factory: EngineFactory | None,
+) -> list[dict[str, Any]]:
+    """Every problem's record, in order: those in `done` as they are, the others sampled,
+    judged and appended to samples.jsonl one by one."""
     model, tokenizer = load_policy(model_path, what="checkpoint")
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     engine = (engine_factory or _registered_engine(settings))(model, tokenizer)
     params = SamplingParams(
         settings.temperature, settings.top_p, 0, settings.max_new_tokens, settings.samples
     )
+    template = "" if settings.prompt_template is None else f", prompt {settings.prompt_template!r}"
     console.print(
         f"{settings.benchmark}: {len(problems)} problems x {settings.samples} samples "
         f"({len(done)} already done), T={settings.temperature}, top-p={settings.top_p}, "
-        f"seed {settings.seed}, model {model_path}",
+        f"seed {settings.seed}, model {model_path}{template}",
         highlight=False,
     )
-    with Progress(
-        TextColumn("[bold]eval[/bold]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not console.is_terminal,
-    ) as progress:
-        task = progress.add_task(
-            "", total=len(problems) * settings.samples, completed=len(done) * settings.samples
-        )
+    with EvalProgress(len(problems), len(done)) as progress:
 
         def finished(record: dict[str, Any]) -> None:
             append_jsonl(out / SAMPLES, record)
             done[record["id"]] = record
-            progress.advance(task, settings.samples)
+            progress.advance()
 
         try:
             with MathVerifierPool(settings.verifier_workers, settings.verifier_timeout_s) as pool:
@@ -125,16 +143,20 @@ def run_eval(
                     params,
                     settings.seed,
                     math_pool=pool,
+                    prompt_for=prompt_builder(settings.prompt_template),
                     on_done=finished,
                     skip=set(done),
                 )
         finally:
             engine.close()
-    records = [done[p.id] for p in problems]
-    results = _results(settings, model_path, problems, records)
-    write_text_atomic(out / RESULTS, json.dumps(results, indent=2))
-    print_results(results, console)
-    return results
+    return [done[p.id] for p in problems]
+
+
+def prompt_builder(template: str | None) -> Callable[[Problem], str]:
+    """The benchmark's own prompt (None), or `template` around the bare question."""
+    if template is None:
+        return build_prompt
+    return lambda problem: template.format(prompt=problem.question)
 
 
 def _registered_engine(settings: EvalSettings) -> EngineFactory:
@@ -221,10 +243,11 @@ def _prepare_out(out: Path, settings: EvalSettings, resume: bool) -> dict[str, d
 
     A folder with settings but no finished problem (a failed start) is not an evaluation yet:
     it never blocks a rerun."""
-    if out.exists() and not out.is_dir():
-        raise GspoError(f"--out {out} is a file, not a folder")
     settings_file = out / SETTINGS
-    wanted = json.dumps(asdict(settings), indent=2, sort_keys=True)
+    recorded = asdict(settings)
+    if settings.prompt_template is None:  # as before the option existed: those still resume
+        del recorded["prompt_template"]
+    wanted = json.dumps(recorded, indent=2, sort_keys=True)
     started = bool(read_jsonl(out / SAMPLES)) or (out / RESULTS).is_file()
     if started and settings_file.is_file():
         if not resume:
@@ -260,6 +283,7 @@ def _results(
             "max_new_tokens": settings.max_new_tokens,
         },
         "seed": settings.seed,
+        **({"prompt_template": settings.prompt_template} if settings.prompt_template else {}),
         "interval": "95% percentile bootstrap over problems (1000 resamples)",
         "metrics": metrics,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -21,6 +21,10 @@ hf_logging.disable_progress_bar()  # gspo's own display reports progress
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
+# One HEAD to the hub before a download. Unreachable, huggingface_hub retries each file's lookup
+# five times with backoff: about 50 s of silence before "couldn't connect".
+HUB_PROBE_TIMEOUT_S = 5.0
+
 
 def disable_dropout(model: PreTrainedModel) -> PreTrainedModel:
     """Dropout off everywhere: with it, on-policy ratios are not 1 and GSPO's 3e-4 clip range
@@ -53,22 +57,56 @@ def load_policy(
     local = Path(path).expanduser()
     if path.startswith(("/", ".", "~")) and not local.exists():
         raise GspoError(f"{what}: no such folder: {path}")
+    # Why the hub cannot be used (then only its local cache is read), or None.
+    no_hub = None if local.exists() else hub_unavailable()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(local) if local.exists() else path)
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(local) if local.exists() else path, local_files_only=no_hub is not None
+        )
         model = AutoModelForCausalLM.from_pretrained(
             str(local) if local.exists() else path,
             dtype=DTYPES[dtype],
             trust_remote_code=trust_remote_code,
+            local_files_only=no_hub is not None,
         )
     except SafetensorError as exc:  # a truncated or damaged weights file
         raise GspoError(f"{what}: the weights in {path} are damaged or truncated ({exc})") from None
     except (OSError, ValueError, RuntimeError) as exc:
+        if no_hub is not None:
+            raise GspoError(not_in_cache(what, path, no_hub)) from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise GspoError(f"{what}: cannot load {path!r}: {first}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return disable_dropout(model), tokenizer
+
+
+def hub_unavailable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> str | None:
+    """Why models cannot come from the hub now (HF_HUB_OFFLINE, or one HEAD request to
+    HF_ENDPOINT failed within `timeout_s`), or None when it answers."""
+    from huggingface_hub import constants, get_session, is_offline_mode
+
+    if is_offline_mode():
+        return "HF_HUB_OFFLINE is set"
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout_s)
+    except Exception as exc:  # the HTTP backend's error types are not huggingface_hub's API
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"the hub at {constants.ENDPOINT} is unreachable ({reason})"
+    return None  # any HTTP answer, even an error status, means the hub is there
+
+
+def not_in_cache(what: str, path: str, no_hub: str) -> str:
+    """The one line for a hub id that the local cache lacks while the hub cannot be used."""
+    if no_hub.startswith("HF_HUB_OFFLINE"):
+        fix = "unset HF_HUB_OFFLINE to download it"
+    else:
+        fix = "connect, or set HF_HUB_OFFLINE=1 to skip the hub and use cached models only"
+    return (
+        f"{what}: {path!r} is neither a local folder nor in the local hub cache, and "
+        f"{no_hub}: {fix}, or point {what} at a local folder"
+    )
 
 
 def restore_weights(model: PreTrainedModel, folder: Path) -> None:

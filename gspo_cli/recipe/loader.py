@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from gspo_cli.data.sources import BENCHMARK_PREFIX, split_benchmark_source
 from gspo_cli.errors import GspoError
+from gspo_cli.recipe.bounds import size_problems, warn_memory
 from gspo_cli.recipe.schema import Recipe, looks_local
 
 BASE_KEY = "base"
@@ -55,7 +56,9 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     raw = load_recipe_dict(path)
     for override in overrides or []:
         apply_override(raw, override, str(path))
-    return validate_recipe(raw, str(path))
+    recipe = validate_recipe(raw, str(path))
+    warn_memory(recipe)  # before anything is loaded: one line, not an error
+    return recipe
 
 
 def load_recipe_dict(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
@@ -114,7 +117,18 @@ def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
         node = data.get(section)
         if isinstance(node, dict) and isinstance(node.get(key), str):
             node[key] = resolve_path(node[key], folder)
+    model = data.get("model")
+    if isinstance(model, dict) and isinstance(model.get("path"), str):
+        model["path"] = resolve_model_folder(model["path"], folder)
     return data
+
+
+def resolve_model_folder(value: str, folder: Path) -> str:
+    """A bare `model.path` ("mymodel", "org/name") names a folder next to the recipe when one
+    exists there, as HF's from_pretrained prefers a folder to a hub id; else it is a hub id."""
+    if not value or looks_local(value) or not (folder / value).is_dir():
+        return value
+    return str((folder / value).resolve())
 
 
 def resolve_path(value: str, folder: Path) -> str:
@@ -141,7 +155,9 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 
 
 def apply_override(raw: dict[str, Any], override: str, source: str) -> None:
-    """Apply one `key.path=value` override in place; the value is parsed as YAML."""
+    """Apply one `key.path=value` override in place; the value is parsed as YAML. A mapping
+    merges key by key into the section it names, as `base:` does; a number indexes a list
+    (`reward.functions.0.weight=2`)."""
     key_path, sep, text = override.partition("=")
     keys = key_path.strip().split(".")
     if not sep or not all(keys):
@@ -150,21 +166,87 @@ def apply_override(raw: dict[str, Any], override: str, source: str) -> None:
         value = read_yaml_text(text)
     except yaml.YAMLError:
         value = text
-    node = raw
-    for depth, key in enumerate(keys[:-1]):
-        child = node.setdefault(key, {})
-        if not isinstance(child, dict):
-            where = ".".join(keys[: depth + 1])
-            raise RecipeError(source, [f"--set {override!r}: {where} is not a section"])
-        node = child
-    node[keys[-1]] = value
+    try:
+        node: Any = raw
+        for depth in range(len(keys) - 1):
+            node = _child(node, keys, depth)
+        _assign(node, keys, value)
+    except ValueError as exc:
+        raise RecipeError(source, [f"--set {override!r}: {exc}"]) from None
+
+
+def _child(node: Any, keys: list[str], depth: int) -> Any:
+    """The section or list item at keys[depth] under `node`, created when it is missing: a
+    list as the schema's default list (so that an index overrides one item), a section as {}."""
+    key, where = keys[depth], ".".join(keys[: depth + 1])
+    if isinstance(node, list):
+        child = node[_index(node, keys, depth)]
+    elif key not in node or node[key] is None:
+        child = _default_list(keys[: depth + 1])
+        if child is None and keys[depth + 1].isdigit():
+            raise ValueError(f"{where} is not a list")
+        node[key] = child = {} if child is None else child
+    else:
+        child = node[key]
+    if not isinstance(child, dict | list):
+        raise ValueError(f"{where} is not a section")
+    return child
+
+
+def _assign(node: Any, keys: list[str], value: Any) -> None:
+    """Set the last key; a mapping merges into the mapping already there."""
+    if isinstance(node, list):
+        index = _index(node, keys, len(keys) - 1)
+        node[index] = _merged(node[index], value)
+    else:
+        node[keys[-1]] = _merged(node.get(keys[-1]), value)
+
+
+def _merged(old: Any, value: Any) -> Any:
+    return deep_merge(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+
+
+def _index(items: list[Any], keys: list[str], depth: int) -> int:
+    where, key = ".".join(keys[:depth]), keys[depth]
+    example = f"{where}=[{{...}}, {{...}}]"
+    if not key.isdigit():
+        raise ValueError(
+            f"{where} is a list: index it by number ({where}.0...), or write it whole: {example}"
+        )
+    if int(key) >= len(items):
+        raise ValueError(
+            f"{where} has {len(items)} item(s), so index {key} is out of range; to add one, write "
+            f"the whole list: {example}"
+        )
+    return int(key)
+
+
+def _default_list(keys: list[str]) -> list[Any] | None:
+    """A copy of the schema's default for the list field at `keys`; None when the schema has
+    no list there."""
+    model: type[BaseModel] = Recipe
+    for key in keys[:-1]:
+        field = model.model_fields.get(key)
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    field = model.model_fields.get(keys[-1])
+    default = field.get_default(call_default_factory=True) if field else None
+    if not isinstance(default, list):
+        return None
+    return [item.model_dump() if isinstance(item, BaseModel) else item for item in default]
 
 
 def validate_recipe(raw: dict[str, Any], source: str) -> Recipe:
     try:
-        return Recipe.model_validate(raw)
+        recipe = Recipe.model_validate(raw)
     except ValidationError as exc:
         raise RecipeError(source, [describe_error(err) for err in exc.errors()]) from None
+    problems = size_problems(recipe)  # sizes need the whole, valid recipe
+    if problems:
+        raise RecipeError(source, problems)
+    return recipe
 
 
 def describe_error(err: Any) -> str:

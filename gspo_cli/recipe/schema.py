@@ -67,7 +67,8 @@ class Section(BaseModel):
 class ModelConfig(Section):
     path: str = Field(
         "builtin:tiny-dense",
-        description="HF checkpoint folder or hub id, or builtin:tiny-dense / builtin:tiny-moe.",
+        description="HF checkpoint folder (a bare name is the folder next to the recipe when "
+        "one exists) or hub id, or builtin:tiny-dense / builtin:tiny-moe.",
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training dtype.")
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
@@ -219,10 +220,11 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables it.")
     max_new_tokens: int = Field(64, ge=1, description="Responses are cut (truncated) here.")
-    use_engine_logprobs: bool = Field(
-        False,
-        description="Use the rollout engine's log-probs as pi_old (GSPO paper section 5.4; "
-        "skips one forward).",
+    use_engine_logprobs: bool | Literal["auto"] = Field(
+        "auto",
+        description="pi_old from the rollout engine's log-probs (GSPO paper section 5.4; skips "
+        "the pi_old forward): true, false (recompute), or auto: the engine's for sequence-ratio "
+        "algorithms while each step's check keeps the gap far inside the clip window.",
     )
     seed_per_prompt: bool = Field(
         False,
@@ -232,16 +234,37 @@ class RolloutConfig(Section):
 
     _engine_registered = field_validator("engine")(_rollout_engine_registered)
 
+    @field_validator("use_engine_logprobs", mode="before")
+    @classmethod
+    def _true_false_or_auto(cls, value: Any) -> Any:
+        if isinstance(value, bool) or value == "auto":
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ValueError(f"true, false or auto (got {value!r})")
+
 
 class RewardFunctionConfig(Section):
     name: str = Field(
         description="A registered reward (math, code) or your own function as module:function."
     )
-    weight: float = Field(1.0, description="Weight of this reward in the sum.")
+    weight: float = Field(1.0, allow_inf_nan=False, description="Weight of this reward in the sum.")
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="The function's keyword-only options, e.g. {partial_credit: true} for code.",
     )
+    none_as: float | Literal["skip"] | None = Field(
+        None,
+        description="What a None score means: a number, or skip (not scored: adds nothing, left "
+        "out of its mean); unset: None is an error.",
+    )
+
+    @field_validator("none_as", mode="before")
+    @classmethod
+    def _none_as(cls, value: Any) -> Any:
+        from gspo_cli.rewards.contract import parse_none_as
+
+        return parse_none_as(value)
 
     @model_validator(mode="after")
     def _bind_options(self) -> RewardFunctionConfig:
@@ -267,7 +290,12 @@ class RewardConfig(Section):
         description="Reward functions, summed with their weights.",
     )
     num_workers: int = Field(2, ge=1, description="Processes that score completions.")
-    timeout_s: float = Field(5.0, gt=0, description="Per-completion timeout of the verifier.")
+    timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds per completion: each maths check; a call of your own function on N "
+        "completions gets N x this.",
+    )
     sandbox: SandboxConfig = Field(
         default_factory=SandboxConfig, description="The code sandbox's isolation policy."
     )
@@ -477,14 +505,14 @@ class Recipe(Section):
                 f"batch rollout.num_prompts * rollout.group_size = {batch}"
             )
         mini = batch // self.algorithm.minibatches
-        if self.algorithm.rollout_correction != "off" and self.rollout.use_engine_logprobs:
+        if self.algorithm.rollout_correction != "off" and self.rollout.use_engine_logprobs is True:
             raise ValueError(
                 "algorithm.rollout_correction corrects the trainer's pi_old towards the engine's "
                 "samples; with rollout.use_engine_logprobs the engine's log-probs already are "
                 "pi_old: use one or the other"
             )
         engine_logprobs = (
-            self.rollout.use_engine_logprobs or self.algorithm.rollout_correction != "off"
+            self.rollout.use_engine_logprobs is True or self.algorithm.rollout_correction != "off"
         )
         if engine_logprobs and (self.rollout.top_p < 1 or self.rollout.top_k > 0):
             raise ValueError(
@@ -492,7 +520,7 @@ class Recipe(Section):
                 "the trainer's: use_engine_logprobs and rollout_correction need top_p 1, top_k 0"
             )
         replay = self.algorithm.routing_replay
-        if replay == "old_policy" and self.rollout.use_engine_logprobs:
+        if replay == "old_policy" and self.rollout.use_engine_logprobs is True:
             raise ValueError(
                 "algorithm.routing_replay old_policy records experts in the trainer's pi_old "
                 "forward, which rollout.use_engine_logprobs skips: use routing_replay rollout"

@@ -1,7 +1,9 @@
-"""Reward functions by name. Signature: fn(completions, *dataset_columns, **options).
+"""Reward functions by name. Signature: fn(completions, <dataset columns>, *, <options>).
 
 What each parameter means (columns, options, shared workers) is read from the function's
-signature by `rewards.binding`; there is no `**_` catch-all that would swallow a misspelt knob.
+signature by `rewards.binding`: options are keyword-only parameters, so a misspelt knob is an
+error, and a TRL-style `**kwargs` takes data columns only. What a call must return is checked by
+`rewards.contract`.
 """
 
 from __future__ import annotations

@@ -59,7 +59,9 @@ def decode_dropping_finished(
     logits = _prefill_distinct_prompts(model, input_ids, mask, positions, cache)  # [n, 1, V]
     steps = 0
     while True:
-        scores = logits[:, -1].to(dtype=torch.float32, copy=True)  # [a, V]
+        # at least float32 (as generate), and a float64 model's own precision: its recorded
+        # log-probs then equal the trainer's to float64 rounding
+        scores = logits[:, -1].to(torch.promote_types(logits.dtype, torch.float32), copy=True)
         warped = processors(cast(torch.LongTensor, sequences), cast(torch.FloatTensor, scores))
         chosen = warped.argmax(dim=-1)  # [a]
         new[rows, steps] = chosen

@@ -68,7 +68,8 @@ class ChosenTokenLogprobs(LogitsProcessor):
         self._take(input_ids[:, -1])
         if self.rows is None:
             self.rows = torch.arange(scores.shape[0], device=scores.device)
-        self.pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # [a, V]
+        wide = scores.to(torch.promote_types(scores.dtype, torch.float32))  # fp64 stays fp64
+        self.pending = torch.log_softmax(wide / self.temperature, dim=-1)  # [a, V]
         return scores
 
     def step_done(self, chosen: torch.Tensor, going: torch.Tensor) -> None:
@@ -86,9 +87,10 @@ class ChosenTokenLogprobs(LogitsProcessor):
         end: 0 from the loop, the pad token's from `generate`; callers cut rows to length);
         `last_tokens` `[n]` is the last column returned."""
         self._take(last_tokens)
-        out = torch.zeros(len(self.steps[0][0]), len(self.steps))  # [n, T]
+        dtype = self.steps[0][1].dtype
+        out = torch.zeros(len(self.steps[0][0]), len(self.steps), dtype=dtype)  # [n, T]
         for t, (rows, logprobs) in enumerate(self.steps):
-            out[rows.cpu(), t] = logprobs.float().cpu()
+            out[rows.cpu(), t] = logprobs.cpu()
         return out
 
 

@@ -63,8 +63,10 @@ def build_train_batch(rollout: RolloutBatch, pad_id: int) -> TrainBatch:
 
 
 def pad_logprobs(rows: list[torch.Tensor], width: int) -> torch.Tensor:
-    """`[N, width]` from N variable-length `[len_i]` tensors, zero-padded."""
-    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    """`[N, width]` from N variable-length `[len_i]` tensors, zero-padded (float32, or float64
+    where the rows are)."""
+    dtype = torch.float64 if any(r.dtype == torch.float64 for r in rows) else torch.float32
+    out = torch.zeros((len(rows), width), dtype=dtype)
     for i, row in enumerate(rows):
         out[i, : row.numel()] = row
     return out

@@ -60,9 +60,13 @@ def save_checkpoint(
     state: dict[str, Any],
     keep: int,
     ctx: DistContext = LOCAL,
+    *,
+    keep_before: int | None = None,
 ) -> Path:
     """Write checkpoint `step_NNNNNN` under `root` and point `latest` at it; prune old ones.
 
+    `keep` newest are kept, and besides them the newest at or before step `keep_before`: the
+    one a guard goes back to, which pruning must not take (step 0 included).
     Every rank calls this (DeepSpeed saves are collective); rank 0 writes the shared files.
     """
     if not engine.weights_finite():  # never let a broken state become `latest`
@@ -93,10 +97,16 @@ def save_checkpoint(
             shutil.rmtree(final)
         os.rename(tmp, final)
         write_text_atomic(root / LATEST, final.name)
-        for old in sorted(root.glob(STEP_GLOB))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        _prune(root, keep, keep_before)
     ctx.barrier()
     return final
+
+
+def _prune(root: Path, keep: int, keep_before: int | None) -> None:
+    anchor = None if keep_before is None else checkpoint_at_or_before(root, keep_before)
+    for old in sorted(root.glob(STEP_GLOB))[:-keep]:
+        if old != anchor:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _write(

@@ -6,8 +6,11 @@ step has a single code path for any world size.
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -112,10 +115,49 @@ def init_process_group(ctx: DistContext, device: torch.device) -> None:
             WORLD_SIZE="1",
             LOCAL_RANK="0",
         )
-    import deepspeed
-
+    deepspeed = import_deepspeed(device)
     if not dist.is_initialized():
+        note = shm_op_build_note()
+        if note is not None and ctx.local_rank == 0:  # one line per machine: it builds once
+            print(note, file=sys.stderr, flush=True)
         deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+
+
+def import_deepspeed(device: torch.device) -> ModuleType:
+    """DeepSpeed, told the accelerator: on CPU it would otherwise probe for a GPU and warn
+    "Setting accelerator to CPU. If you have GPU ... unable to detect it" on every rank."""
+    if device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    return importlib.import_module("deepspeed")
+
+
+# DeepSpeed's CPU collectives op: built by the first init_distributed on a CPU accelerator, with
+# nothing on screen, for a minute or more (86 s on a 2-core machine), then cached.
+SHM_OP = "deepspeed_shm_comm"
+
+
+def shm_op_build_note() -> str | None:
+    """The line to print before DeepSpeed builds SHM_OP; None when it is built already (or
+    prebuilt in the wheel, or not used on this accelerator)."""
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.git_version_info import installed_ops
+
+    try:  # torch's own (private) answer to where a JIT build goes; the line is only a courtesy
+        from torch.utils.cpp_extension import _get_build_directory
+    except ImportError:
+        return None
+    if get_accelerator().device_name() != "cpu" or installed_ops.get(SHM_OP, False):
+        return None
+    if not deepspeed.ops.__compatible_ops__.get(SHM_OP, False):
+        return None
+    folder = _get_build_directory(SHM_OP, verbose=False)  # torch's JIT folder, as DeepSpeed's
+    if os.path.isfile(os.path.join(folder, f"{SHM_OP}.so")):
+        return None
+    return (
+        f"DeepSpeed is building its CPU communication op ({SHM_OP}) in {folder}: once per "
+        "machine, a minute or two"
+    )
 
 
 def free_port() -> int:

@@ -23,7 +23,12 @@ from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.train.batch import TrainBatch
 from gspo_cli.train.distributed import DistContext
-from gspo_cli.train.engine import adamw_with_schedule, optimizer_steps
+from gspo_cli.train.engine import (
+    UpdateFailed,
+    adamw_with_schedule,
+    optimizer_steps,
+    set_schedule_peak,
+)
 from gspo_cli.train.logprobs import response_logprobs
 
 # Keys the recipe owns; a user's JSON may repeat them only with the same value.
@@ -140,21 +145,15 @@ class DeepSpeedEngine:
             return float("nan"), True
         grad_norm = float(norm)
         if not math.isfinite(grad_norm):
-            raise GspoError(
-                "DeepSpeed applied an update with a non-finite gradient norm; resume from the "
-                "last checkpoint with a lower optimizer.lr"
-            )
+            raise UpdateFailed("DeepSpeed applied an update with a non-finite gradient norm")
         return grad_norm, True
 
     def weights_finite(self) -> bool:
         local = all(bool(torch.isfinite(p.data).all()) for p in self.model.parameters())
         return self.ctx.all_reduce_sum(0.0 if local else 1.0) == 0.0
 
-    def scale_lr(self, factor: float) -> None:
-        scheduler = self.scheduler
-        scheduler.base_lrs = [lr * factor for lr in scheduler.base_lrs]
-        for group in self.optimizer.param_groups:
-            group["lr"] *= factor
+    def set_peak_lr(self, lr: float) -> None:
+        set_schedule_peak(self.scheduler, lr)
 
     @property
     def lr(self) -> float:

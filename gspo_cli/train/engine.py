@@ -60,8 +60,9 @@ class TrainEngine(Protocol):
         """Whether every parameter is finite (collective for multi-process engines)."""
         ...
 
-    def scale_lr(self, factor: float) -> None:
-        """Multiply the learning rate, now and for the rest of the schedule (rollback)."""
+    def set_peak_lr(self, lr: float) -> None:
+        """Make `lr` the schedule's peak from the current step on, this one included: after
+        `load_state` (which brings back the checkpoint's own peak) on resume and rollback."""
         ...
 
     @property
@@ -84,6 +85,11 @@ class TrainEngine(Protocol):
 
 
 OPTIMIZER_FILE = "optimizer.pt"
+
+
+class UpdateFailed(GspoError):
+    """An update was applied and cannot be taken back (DeepSpeed: a non-finite gradient norm).
+    The loop hands it to the guards, which roll back or stop with the command to resume."""
 
 
 class LogprobModel(Protocol):
@@ -126,6 +132,18 @@ def adamw_with_schedule(
         optimizer, lr_lambda(cfg.schedule, cfg.warmup_steps, total_steps, cfg.min_lr_ratio)
     )
     return optimizer, scheduler
+
+
+def set_schedule_peak(scheduler: torch.optim.lr_scheduler.LambdaLR, lr: float) -> None:
+    """Give `scheduler` the peak `lr` at the step it has reached. A restored LambdaLR keeps the
+    checkpoint's base lrs (and the optimizer its current lr), which would override a recipe
+    whose optimizer.lr changed on resume; the decay function itself is never saved (a closure),
+    so it is already the recipe's."""
+    scheduler.base_lrs = [lr for _ in scheduler.base_lrs]
+    step = scheduler.last_epoch
+    for group, fn in zip(scheduler.optimizer.param_groups, scheduler.lr_lambdas, strict=True):
+        group["initial_lr"] = lr
+        group["lr"] = lr * fn(step)
 
 
 class TorchEngine:
@@ -175,10 +193,8 @@ class TorchEngine:
     def weights_finite(self) -> bool:
         return all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
 
-    def scale_lr(self, factor: float) -> None:
-        self.scheduler.base_lrs = [lr * factor for lr in self.scheduler.base_lrs]
-        for group in self.optimizer.param_groups:
-            group["lr"] *= factor
+    def set_peak_lr(self, lr: float) -> None:
+        set_schedule_peak(self.scheduler, lr)
 
     @property
     def lr(self) -> float:

@@ -1,7 +1,9 @@
 """Start `gspo train` on several processes: torchrun on one node, the DeepSpeed launcher on many.
 
 The parent checks everything a user can get wrong (recipe, run folder) before launching, so that
-mistakes are one clear line rather than one traceback per rank.
+mistakes are one clear line rather than one traceback per rank. It holds the run folder's lock
+(run_folder.one_writer, taken in cli.py) for all the ranks, which take none: the lock file's
+descriptor is not inherited by the launcher, and the kernel drops the lock if the parent dies.
 """
 
 from __future__ import annotations

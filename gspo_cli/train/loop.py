@@ -11,11 +11,13 @@ seed per prompt, so the run does not depend on the world size.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 
 from gspo_cli.errors import GspoError
@@ -26,12 +28,14 @@ from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.run_folder import CHECKPOINTS, COLD_START, SAMPLES, SUMMARY, write_text_atomic
 from gspo_cli.train.checkpoint import (
     checkpoint_at_or_before,
+    latest_checkpoint,
     load_trainer_state,
     roll_back_to,
     set_rng_state,
 )
 from gspo_cli.train.console import TrainingDisplay
-from gspo_cli.train.guard import Decision, Guard, rollback_target
+from gspo_cli.train.engine import UpdateFailed
+from gspo_cli.train.guard import Decision, Guard, resume_advice, rollback_target
 from gspo_cli.train.heldout import heldout_accuracy
 from gspo_cli.train.prepare import PreparedRun, prepare_run
 from gspo_cli.train.run_log import RunLog
@@ -111,7 +115,9 @@ def run_loop(run: PreparedRun) -> TrainResult:
         result.heldout[0] = _evaluate(run, 0)
         run.console.print(f"held-out accuracy before RL: {result.heldout[0]:.1%}", highlight=False)
     trainer = recipe.trainer
-    guard = Guard(trainer.max_bad_updates, trainer.on_collapse, trainer.max_rollbacks)
+    guard = Guard(
+        trainer.max_bad_updates, trainer.on_collapse, trainer.max_rollbacks, rollbacks=run.rollbacks
+    )
     if 0 in result.heldout:
         guard.detector.observe_heldout(0, result.heldout[0])
     steps, step = trainer.steps, run.start
@@ -120,7 +126,12 @@ def run_loop(run: PreparedRun) -> TrainResult:
     with TrainingDisplay(run.console, steps, run.start, recipe.logging.console) as display:
         while step < steps:
             step += 1
-            output, metrics = _one_step(run, step, guard.rollbacks)
+            try:
+                output, metrics = _one_step(run, step)
+            except UpdateFailed as exc:  # applied and not undone (DeepSpeed): roll back or stop
+                step = _act(run, step, guard.failed_update(step, str(exc)), result, display)
+                guard.restarted()
+                continue
             if step % recipe.eval.every == 0 or step == steps:
                 result.heldout[step] = metrics["heldout_accuracy"] = _evaluate(run, step)
             for line in guard.notices(step, metrics):
@@ -147,11 +158,11 @@ def run_loop(run: PreparedRun) -> TrainResult:
     return result
 
 
-def _one_step(run: PreparedRun, step: int, rollbacks: int) -> tuple[Any, dict[str, float]]:
+def _one_step(run: PreparedRun, step: int) -> tuple[Any, dict[str, float]]:
     """One RL step on this rank's share of the prompts. After a rollback the sampling seeds
-    are fresh (`rollbacks` enters them), so the retried steps draw other samples."""
+    are fresh (`run.rollbacks` enters them), so the retried steps draw other samples."""
     recipe, ctx = run.recipe, run.ctx
-    step_seed = recipe.trainer.seed * 1_000_003 + step + 7_919_111 * rollbacks
+    step_seed = _seed(recipe.trainer.seed, step, run.rollbacks)
     q_local = recipe.rollout.num_prompts // ctx.world
     index = run.sampler.next(recipe.rollout.num_prompts)  # the same on every rank
     mine = range(ctx.rank * q_local, (ctx.rank + 1) * q_local)
@@ -173,45 +184,69 @@ def _one_step(run: PreparedRun, step: int, rollbacks: int) -> tuple[Any, dict[st
     return output, {**output.metrics, "peak_memory_mb": peak_memory_mb(run.device)}
 
 
+def _seed(seed: int, step: int, rollbacks: int) -> int:
+    return seed * 1_000_003 + step + 7_919_111 * rollbacks
+
+
 def _act(run: PreparedRun, step: int, decision: Decision, result: TrainResult, display: Any) -> int:
     """Record and carry out a guard decision; the step to continue from (rollback) or `step`."""
-    action = decision.action
+    root = run.run_dir / CHECKPOINTS
+    good = checkpoint_at_or_before(root, rollback_target(step))  # before the trouble began
+    action, reason = decision.action, decision.reason
+    if action == "rollback" and good is None:
+        action, reason = "stop", f"{reason}; no checkpoint to roll back to"
     for event in decision.events:
         run.log.event(
             {"step": step, "signal": event.signal, "action": action, "detail": event.detail}
         )
-    root = run.run_dir / CHECKPOINTS
     if action == "warn":
-        display.note(f"warning: step {step}: {decision.reason} (trainer.on_collapse: warn)")
+        display.note(f"warning: step {step}: {reason} (trainer.on_collapse: warn)")
         return step
-    if action == "rollback":
-        folder = checkpoint_at_or_before(root, rollback_target(step))
-        if folder is not None:
-            restored = _restore(run, folder, result)
-            display.note(
-                f"step {step}: {decision.reason}; rolled back to {folder.name}, learning rate x"
-                f"{run.recipe.trainer.rollback_lr_factor:g}, fresh sampling seeds"
-            )
-            return restored
-        decision = Decision("stop", decision.events, f"{decision.reason}; no checkpoint to roll "
-                            f"back to (lower trainer.checkpoint_every)")  # fmt: skip
-    good = checkpoint_at_or_before(root, rollback_target(step))  # before the trouble began
+    if action == "rollback" and good is not None:
+        restored = _restore(run, good, result)
+        display.note(
+            f"step {step}: {reason}; rolled back to {good.name}, learning rate "
+            f"{run.engine.lr:.3g} (x{run.lr_scale:g}), fresh sampling seeds"
+        )
+        return restored
+    if good is not None:  # so that --resume starts before the trouble, as the line says
+        roll_back_to(root, good, run.ctx)
     if run.ctx.is_main:
         _finish(run.console, run.run_dir, result, run.log.events(), quiet=True)
-    raise GspoError(
-        f"stopped at step {step}: {decision.reason}. Last good checkpoint: "
-        f"{good or 'none'} (resume from it with --resume, e.g. with a lower optimizer.lr)"
-    )
+    raise GspoError(f"stopped at step {step}: {reason}. {_stop_advice(run, step, good)}")
+
+
+def _stop_advice(run: PreparedRun, step: int, good: Path | None) -> str:
+    """Where a resume starts and the command that resumes at a lower learning rate (below
+    the one that failed, rollbacks included)."""
+    root = run.run_dir / CHECKPOINTS
+    if good is not None:
+        where = f"A resume starts from {good} (before the trouble)"
+    elif (latest := latest_checkpoint(root, cleanup=False)) is not None:
+        where = (
+            f"A resume starts from {latest}, the newest checkpoint (none is from step "
+            f"{rollback_target(step)} or before, where a slow collapse may begin)"
+        )
+    else:
+        where = "There is no checkpoint yet: a resume starts from step 0"
+    lr = run.recipe.optimizer.lr * run.lr_scale * run.recipe.trainer.rollback_lr_factor
+    command = resume_advice(run.run_dir, lr, run.ctx.world, sys.argv[1:])
+    return f"{where}; resume with: {command}"
 
 
 def _restore(run: PreparedRun, folder: Path, result: TrainResult) -> int:
     """Load checkpoint `folder` into the running job and forget the steps after it."""
     state = load_trainer_state(folder)
     run.engine.load_state(folder)
-    run.engine.scale_lr(run.recipe.trainer.rollback_lr_factor)
+    run.rollbacks += 1
+    run.lr_scale *= run.recipe.trainer.rollback_lr_factor  # compounds over rollbacks
+    run.engine.set_peak_lr(run.recipe.optimizer.lr * run.lr_scale)
     run.sampler.load_state_dict(state["sampler"])
     set_rng_state(state["rng"])
     restored = int(state["step"])
+    # Unseeded sampling draws from the global RNG just restored: without a new seed the
+    # retried steps would replay the same rollouts.
+    torch.manual_seed(_seed(run.recipe.trainer.seed, restored, run.rollbacks))
     run.log.truncate_after(restored)
     roll_back_to(run.run_dir / CHECKPOINTS, folder, run.ctx)
     for later in [s for s in result.heldout if s > restored]:

@@ -23,14 +23,8 @@ from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
-from gspo_cli.run_folder import CHECKPOINTS, COLD_START, HF_CONFIG, LATEST, run_dir_of, step_folder
-from gspo_cli.train.checkpoint import (
-    checkpoint_at_or_before,
-    latest_checkpoint,
-    load_trainer_state,
-    save_checkpoint,
-    set_rng_state,
-)
+from gspo_cli.run_folder import CHECKPOINTS, COLD_START, run_dir_of, step_folder
+from gspo_cli.train.checkpoint import latest_checkpoint, save_checkpoint
 from gspo_cli.train.distributed import (
     DistContext,
     check_world_size,
@@ -38,6 +32,9 @@ from gspo_cli.train.distributed import (
     init_process_group,
 )
 from gspo_cli.train.engine import FrozenPolicy, TrainEngine, make_engine
+from gspo_cli.train.guard import rollback_target
+from gspo_cli.train.old_policy import EngineLogprobs, resolve_engine_logprobs
+from gspo_cli.train.resume import Resumed, resume_changes, resume_from_checkpoint
 from gspo_cli.train.rewards import RewardModel
 from gspo_cli.train.run_log import RunLog, start_wandb
 from gspo_cli.train.sampler import PromptSampler
@@ -75,23 +72,35 @@ class PreparedRun:
     settings: StepSettings
     start: int  # the last step already done (0 for a new run)
     stop: StopRequest  # set by SIGTERM; see stop_at_boundary
+    rollbacks: int = 0  # in the run so far (they enter the sampling seeds)
+    lr_scale: float = 1.0  # the rollbacks' factors on recipe.optimizer.lr
 
     def close(self) -> None:
         self.log.close()
+        self.reward.close()  # the worker process of users' reward functions
         self.math_pool.close()
         self.rollout_engine.close()
 
     def save_checkpoint(self, step: int) -> Path:
         """Checkpoint `step`: weights, optimizer, sampler position and RNG (all ranks call it)."""
-        state = {"sampler": self.sampler.state_dict(), "world": self.ctx.world}
+        state = {
+            "sampler": self.sampler.state_dict(),
+            "world": self.ctx.world,
+            "rollbacks": self.rollbacks,
+            "lr_scale": self.lr_scale,
+            "recipe_lr": self.recipe.optimizer.lr,  # a resume that changes it drops lr_scale
+        }
+        trainer = self.recipe.trainer
         return save_checkpoint(
             self.run_dir / CHECKPOINTS,
             step,
             self.engine,
             self.tokenizer,
             state,
-            self.recipe.trainer.keep_checkpoints,
+            trainer.keep_checkpoints,
             self.ctx,
+            # what a rollback after the next steps restores must survive pruning
+            keep_before=rollback_target(step + 1) if trainer.on_collapse == "rollback" else None,
         )
 
     def stop_at_boundary(self, step: int) -> None:
@@ -126,8 +135,10 @@ def prepare_run(
     if recipe.trainer.engine == "deepspeed":
         init_process_group(ctx, device)
     console = (console or Console()) if ctx.is_main else Console(quiet=True)
-    run_dir = _run_dir(recipe, out, resume, recipe_yaml, ctx)
+    run_dir, changes = _run_dir(recipe, out, resume, recipe_yaml, ctx)
     console.print(f"run folder: {run_dir}", highlight=False)  # first, so a user can look in
+    for line in changes:
+        console.print(line, highlight=False, soft_wrap=True)
     torch.manual_seed(recipe.trainer.seed)
     model, tokenizer = load_recipe_model(recipe)
     train_set = load_problems(recipe, tokenizer, "train")
@@ -154,24 +165,39 @@ def prepare_run(
     math_pool = MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s)
     reward = RewardModel(recipe.reward, RewardServices(math_pool=math_pool))
     sampler = PromptSampler(len(train_set.rows), recipe.data.seed + recipe.trainer.seed)
-    log = RunLog(run_dir, _wandb(recipe, run_dir) if ctx.is_main else None, enabled=ctx.is_main)
-    start = _resume(run_dir, engine, sampler, log, ctx, console) if resume else 0
-    if not resume:
+    wandb_run = _wandb(recipe, run_dir, resume) if ctx.is_main else None
+    log = RunLog(run_dir, wandb_run, enabled=ctx.is_main)
+    resumed = Resumed()
+    if resume:
+        resumed = resume_from_checkpoint(run_dir, recipe, engine, sampler, log, ctx, console)
+    else:
         torch.manual_seed(recipe.trainer.seed)
     settings = StepSettings(
         recipe.algorithm,
         rollout_params(recipe),
         recipe.trainer.micro_batch_size,
-        recipe.rollout.use_engine_logprobs,
+        engine_logprobs_mode(recipe),
         int(tokenizer.pad_token_id),
         recipe.trainer.max_tokens_per_micro_batch,
         recipe.trainer.skip_zero_advantage,
     )
     return PreparedRun(
         recipe, ctx, device, run_dir, console, tokenizer, train_set, eval_problems, engine,
-        rollout_engine, ref_engine, reward, math_pool, sampler, log, settings, start,
-        stop or StopRequest(),
+        rollout_engine, ref_engine, reward, math_pool, sampler, log, settings, resumed.step,
+        stop or StopRequest(), resumed.rollbacks, resumed.lr_scale,
     )  # fmt: skip
+
+
+def engine_logprobs_mode(recipe: Recipe) -> EngineLogprobs:
+    """`rollout.use_engine_logprobs` resolved for this recipe (`auto` where it can apply)."""
+    return resolve_engine_logprobs(
+        recipe.rollout.use_engine_logprobs,
+        algorithm=recipe.algorithm.name,
+        rollout_correction=recipe.algorithm.rollout_correction,
+        top_p=recipe.rollout.top_p,
+        top_k=recipe.rollout.top_k,
+        routing_replay=recipe.algorithm.routing_replay,
+    )
 
 
 def rollout_params(recipe: Recipe) -> SamplingParams:
@@ -179,7 +205,7 @@ def rollout_params(recipe: Recipe) -> SamplingParams:
     rollout correction, or the mismatch metrics of an engine with its own weights)."""
     r = recipe.rollout
     wanted = (
-        r.use_engine_logprobs
+        engine_logprobs_mode(recipe) is not False
         or recipe.algorithm.rollout_correction != "off"
         or (r.engine != "hf" and r.top_p == 1 and r.top_k == 0)
     )
@@ -196,12 +222,15 @@ def rollout_params(recipe: Recipe) -> SamplingParams:
 
 def _run_dir(
     recipe: Recipe, out: Path | None, resume: bool, recipe_yaml: str, ctx: DistContext
-) -> Path:
+) -> tuple[Path, list[str]]:
+    """The run folder, ready, and (on resume) the lines that say which settings changed."""
     run_dir = run_dir_of(recipe, out)
+    changes: list[str] = []
     if ctx.is_main:
-        prepare_run_dir(recipe, run_dir, resume, recipe_yaml)
+        changes = resume_changes(run_dir, recipe_yaml) if resume else []
+        prepare_run_dir(recipe, run_dir, resume, recipe_yaml)  # refuses what may not change
     ctx.barrier()
-    return run_dir
+    return run_dir, changes
 
 
 def _after_cold_start(
@@ -231,52 +260,15 @@ def _reference(recipe: Recipe, model: PreTrainedModel) -> FrozenPolicy | None:
     return FrozenPolicy(frozen, recipe.trainer.share_prompts)
 
 
-def _wandb(recipe: Recipe, run_dir: Path) -> Any:
+def _wandb(recipe: Recipe, run_dir: Path, resume: bool) -> Any:
     if not recipe.logging.wandb:
         return None
     cfg = recipe.logging
     return start_wandb(
-        run_dir, cfg.wandb_project, cfg.wandb_mode, recipe.name, recipe.model_dump(mode="json")
+        run_dir,
+        cfg.wandb_project,
+        cfg.wandb_mode,
+        recipe.name,
+        recipe.model_dump(mode="json"),
+        resume=resume,
     )
-
-
-def _resume(
-    run_dir: Path,
-    engine: TrainEngine,
-    sampler: PromptSampler,
-    log: RunLog,
-    ctx: DistContext,
-    console: Console,
-) -> int:
-    root = run_dir / CHECKPOINTS
-    if ctx.is_main:
-        latest_checkpoint(root)  # removes what a kill during a save left behind
-    ctx.barrier()
-    folder = latest_checkpoint(root, cleanup=False)
-    if folder is None:  # killed before the first checkpoint: start over, keep the cold start
-        kept = " (the cold start is kept)" if (run_dir / COLD_START / HF_CONFIG).is_file() else ""
-        console.print(
-            f"no checkpoint in {root}: starting from step 0{kept}", highlight=False, soft_wrap=True
-        )
-        log.truncate_after(-1)
-        return 0
-    state = load_trainer_state(folder)
-    saved_world = int(state.get("world", 1))
-    if saved_world != ctx.world and not engine.allows_resharding:
-        raise GspoError(
-            f"checkpoint {folder} was written by {saved_world} process(es); this engine cannot "
-            f"re-partition its optimizer state for {ctx.world}: resume with --nproc {saved_world}"
-        )
-    engine.load_state(folder)
-    if not engine.weights_finite():  # written before the guard existed, or by another tool
-        older = checkpoint_at_or_before(root, int(state["step"]) - 1)
-        hint = (
-            f"the last good one is {older}: write {older.name} into {root / LATEST}"
-            if older
-            else "none is older: start over"
-        )
-        raise GspoError(f"checkpoint {folder} holds non-finite weights; {hint}")
-    sampler.load_state_dict(state["sampler"])
-    set_rng_state(state["rng"])
-    log.truncate_after(int(state["step"]))
-    return int(state["step"])

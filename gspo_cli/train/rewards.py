@@ -1,20 +1,46 @@
-"""Score completions with the recipe's weighted reward functions."""
+"""Score completions with the recipe's weighted reward functions, each held to its contract.
+
+Every call is checked (rewards/contract.py): N finite numbers, None only with `none_as`. A
+problem, an exception or a timeout ends the run before the step's update, as one line naming
+the function: nothing of that step is applied or saved, so `--resume` starts it again.
+Users' functions run in a worker process with a deadline of `reward.timeout_s` per completion
+(rewards/worker.py); the built-ins bound themselves (the maths verifier with the same
+`timeout_s` per answer, the code sandbox with its `time_limit_s` per test).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+import math
+from collections import Counter
+from typing import Any, NamedTuple
 
 from gspo_cli.errors import GspoError
-from gspo_cli.recipe.schema import RewardConfig
+from gspo_cli.recipe.schema import RewardConfig, RewardFunctionConfig
 from gspo_cli.rewards.binding import BoundReward, RewardServices, bind_reward
 from gspo_cli.rewards.code.isolation import allow_weak_isolation, checked_mode
+from gspo_cli.rewards.contract import (
+    NoneAs,
+    RewardFailure,
+    RewardTimeout,
+    checked_scores,
+    describe_exception,
+)
+from gspo_cli.rewards.worker import RewardWorker, WorkerFunction
+
+
+class RewardScores(NamedTuple):
+    totals: list[float]  # [N] weighted sums
+    correct: list[float]  # [N] 1.0 where the first function scored 1.0 or more
+    metrics: dict[str, float]  # reward/<name>/mean per function, over the completions it scored
 
 
 class RewardModel:
     """Sum of weighted reward functions; `accuracy` is the first function's share of 1.0 scores.
 
     Options were checked against each function's signature when the recipe loaded; here they
-    are bound, with the shared workers (`services`) the caller owns and closes.
+    are bound, with the shared workers (`services`) the caller owns and closes. `close` ends
+    the worker process of the users' functions.
     """
 
     def __init__(self, cfg: RewardConfig, services: RewardServices) -> None:
@@ -22,24 +48,110 @@ class RewardModel:
         if any(f.name == "code" for f in cfg.functions):
             checked_mode()  # no usable sandbox: one line now, not after the model has loaded
         try:
-            self.functions: list[tuple[BoundReward, float]] = [
-                (bind_reward(f.name, f.options, services), f.weight) for f in cfg.functions
-            ]
+            self.functions = [bind_reward(f.name, f.options, services) for f in cfg.functions]
         except ValueError as exc:
             raise GspoError(f"reward: {exc}") from None
+        self.weights = [f.weight for f in cfg.functions]
+        self.none_as: list[NoneAs] = [f.none_as for f in cfg.functions]
+        self.labels = metric_labels(cfg.functions)
+        self.timeout_s = cfg.timeout_s
+        # in the worker: users' functions, unless handed a shared worker (a pool stays here)
+        isolated = [i for i, f in enumerate(self.functions) if _isolated(f)]
+        self._slot = {i: slot for slot, i in enumerate(isolated)}
+        self._worker = RewardWorker(
+            [WorkerFunction(self.functions[i].fn, _source(self.functions[i])) for i in isolated]
+        )
 
     def __call__(
-        self, completions: list[str], rows: list[dict[str, Any]]
-    ) -> tuple[list[float], list[float]]:
-        """(total rewards, per-completion correctness of the first function) for N rows."""
-        totals = [0.0] * len(completions)
-        correct: list[float] = []
-        for i, (reward, weight) in enumerate(self.functions):
-            try:
-                scores = reward(completions, rows)
-            except ValueError as exc:
-                raise GspoError(f"reward: {exc}") from None
-            totals = [t + weight * s for t, s in zip(totals, scores, strict=True)]
+        self,
+        completions: list[str],
+        rows: list[dict[str, Any]],
+        completion_ids: list[list[int]] | None = None,
+    ) -> RewardScores:
+        """Totals, correctness and metrics for N completions (one row each); GspoError when a
+        function breaks its contract."""
+        n = len(completions)
+        totals, correct = [0.0] * n, [0.0] * n
+        metrics: dict[str, float] = {}
+        for i, weight in enumerate(self.weights):
+            scores = self._scores(i, completions, rows, completion_ids)
+            totals = [
+                t if s is None else t + weight * s for t, s in zip(totals, scores, strict=True)
+            ]
             if i == 0:
-                correct = [1.0 if s >= 1.0 else 0.0 for s in scores]
-        return totals, correct
+                correct = [1.0 if s is not None and s >= 1.0 else 0.0 for s in scores]
+            scored = [s for s in scores if s is not None]
+            if scored:  # a function that skipped every completion has no mean this step
+                metrics[f"reward/{self.labels[i]}/mean"] = sum(scored) / len(scored)
+        bad = next((j for j, t in enumerate(totals) if not math.isfinite(t)), None)
+        if bad is not None:
+            raise GspoError(
+                f"reward: the weighted sum overflows at completion {bad} ({totals[bad]})"
+            )
+        return RewardScores(totals, correct, metrics)
+
+    def _scores(
+        self,
+        i: int,
+        completions: list[str],
+        rows: list[dict[str, Any]],
+        completion_ids: list[list[int]] | None,
+    ) -> list[float | None]:
+        reward = self.functions[i]
+        try:
+            args, kwargs = reward.arguments(completions, rows, completion_ids)
+        except ValueError as exc:
+            raise GspoError(f"reward: {exc}") from None
+        try:
+            result = self._call(i, args, kwargs, len(completions))
+            return checked_scores(result, len(completions), self.none_as[i])
+        except RewardFailure as exc:
+            raise GspoError(f"reward {reward.name!r}: {exc}") from None
+
+    def _call(self, i: int, args: list[Any], kwargs: dict[str, Any], n: int) -> Any:
+        """The function's raw return; RewardFailure when it raised, hung or died."""
+        reward = self.functions[i]
+        if i in self._slot:
+            deadline = self.timeout_s * max(1, n)
+            try:
+                return self._worker.call(self._slot[i], args, kwargs, deadline)
+            except RewardTimeout as exc:
+                raise RewardFailure(
+                    f"{exc} (reward.timeout_s {self.timeout_s:g}s x {n} completions); "
+                    "its worker was stopped"
+                ) from None
+        # A built-in raises ValueError for bad input; anything else from it is a bug to show.
+        caught = ValueError if reward.builtin else Exception
+        try:
+            return reward.fn(*args, **kwargs)
+        except caught as exc:
+            raise RewardFailure(describe_exception(exc, _source(reward))) from None
+
+    def close(self) -> None:
+        self._worker.close()
+
+
+def _isolated(reward: BoundReward) -> bool:
+    return not reward.builtin and not reward.signature.services
+
+
+def _source(reward: BoundReward) -> str | None:
+    fn = getattr(reward.fn, "func", reward.fn)  # bound options: a functools.partial
+    try:
+        return inspect.getsourcefile(fn)
+    except (TypeError, OSError):  # a callable object or a C function has no source file
+        return None
+
+
+def metric_labels(functions: list[RewardFunctionConfig]) -> list[str]:
+    """The name of each function in metrics (`reward/<label>/mean`): the registered name or the
+    function's own, the full import path where two share one, `#2`... for repeats."""
+    short = [f.name.replace(":", ".").rsplit(".", 1)[-1] for f in functions]
+    counts = Counter(short)
+    labels = [s if counts[s] == 1 else f.name for s, f in zip(short, functions, strict=True)]
+    seen: Counter[str] = Counter()
+    out = []
+    for label in labels:
+        seen[label] += 1
+        out.append(label if seen[label] == 1 else f"{label}#{seen[label]}")
+    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from gspo_cli.run_folder import (
     EVENTS,
     METRICS,
     SAMPLES,
+    WANDB_ID,
     append_jsonl,
     read_jsonl,
     write_text_atomic,
@@ -84,9 +86,29 @@ class RunLog:
             write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
-def start_wandb(run_dir: Path, project: str, mode: str, name: str, config: dict[str, Any]) -> Any:
+def start_wandb(
+    run_dir: Path, project: str, mode: str, name: str, config: dict[str, Any], *, resume: bool
+) -> Any:
+    """The run's wandb run: a resume continues the one whose id the run folder keeps."""
     import wandb
 
     return wandb.init(
-        project=project, mode=mode, name=name, dir=str(run_dir), config=config, resume="allow"
+        project=project,
+        mode=mode,
+        name=name,
+        dir=str(run_dir),
+        config=config,
+        id=wandb_run_id(run_dir, resume),
+        resume="allow",
     )
+
+
+def wandb_run_id(run_dir: Path, resume: bool) -> str:
+    """The id kept in the run folder (on resume), else a new one, saved before wandb starts so
+    that a kill at any point leaves the id its resume needs."""
+    path = run_dir / WANDB_ID
+    if resume and path.is_file() and (kept := path.read_text(encoding="utf-8").strip()):
+        return kept
+    new = secrets.token_hex(4)  # wandb ids: short, lower-case letters and digits
+    write_text_atomic(path, new)
+    return new

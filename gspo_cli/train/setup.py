@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from rich.console import Console
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -23,10 +22,8 @@ from gspo_cli.models import load_policy
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rollout import SamplingParams
 from gspo_cli.run_folder import (
-    CHECKPOINTS,
     COLD_START,
     HF_CONFIG,
-    LATEST,
     RECIPE,
     check_run_folder,
     remove_partial,
@@ -37,6 +34,7 @@ from gspo_cli.run_folder import (
 )
 from gspo_cli.train.console import PhaseProgress
 from gspo_cli.train.heldout import rows_as_problems
+from gspo_cli.train.resume import check_resumable
 from gspo_cli.train.sft import cold_start
 
 
@@ -150,26 +148,6 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-# What may change when a run is resumed: how long it runs and how it reports.
-RESUMABLE_CHANGES = {
-    "trainer.steps", "trainer.stop_grace_s", "logging.console", "logging.wandb", "eval.every",
-}  # fmt: skip
-
-
-def _changed_keys(old: Any, new: Any, prefix: str = "") -> set[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        keys = set(old) | set(new)
-        return {c for k in keys for c in _changed_keys(old.get(k), new.get(k), f"{prefix}{k}.")}
-    return set() if old == new else {prefix.rstrip(".")}
-
-
-# What the cold start was made from (whole sections end in "."): a run that keeps its cold
-# start must not change these.
-COLD_START_INPUTS = (
-    "model.", "data.", "cold_start.", "trainer.seed", "eval.num_problems", "eval.benchmark",
-)  # fmt: skip
-
-
 def prepare_run_dir(recipe: Recipe, out: Path | None, resume: bool, recipe_yaml: str) -> Path:
     """Create (or, with resume, check) the run folder and save the resolved recipe in it.
 
@@ -178,30 +156,13 @@ def prepare_run_dir(recipe: Recipe, out: Path | None, resume: bool, recipe_yaml:
     check_run_folder(run_dir, resume)
     saved = run_dir / RECIPE
     if resume and saved.is_file():
-        _check_resumable(run_dir, saved, recipe_yaml)
+        check_resumable(run_dir, recipe_yaml)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(saved, recipe_yaml)
     except OSError as exc:
         raise write_error(exc, run_dir) from None
     return run_dir
-
-
-def _check_resumable(run_dir: Path, saved: Path, recipe_yaml: str) -> None:
-    """What --resume reuses must come from the same recipe: all of it with a checkpoint, the
-    cold start's inputs with only a cold start, nothing otherwise."""
-    old = yaml.safe_load(saved.read_text(encoding="utf-8"))
-    changed = _changed_keys(old, yaml.safe_load(recipe_yaml))
-    if (run_dir / CHECKPOINTS / LATEST).is_file():
-        if changed - RESUMABLE_CHANGES:
-            raise GspoError(f"--resume: {', '.join(sorted(changed))} differ from {saved}")
-    elif (run_dir / COLD_START / HF_CONFIG).is_file():
-        stale = sorted(k for k in changed if k.startswith(COLD_START_INPUTS))
-        if stale:
-            raise GspoError(
-                f"--resume: {', '.join(stale)} differ from {saved}, and the cold start in "
-                f"{run_dir / COLD_START} was made with them: remove that folder to redo it"
-            )
 
 
 def run_cold_start(

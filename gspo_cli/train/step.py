@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -15,16 +14,23 @@ from gspo_cli.algorithms import (
     group_advantages,
     loss_normalizer,
     mismatch_metrics,
-    rollout_correction,
 )
 from gspo_cli.algorithms.advantages import zero_signal_groups
 from gspo_cli.recipe.schema import AlgorithmConfig
 from gspo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
-from gspo_cli.train.batch import TrainBatch, build_train_batch, pad_logprobs
+from gspo_cli.train.batch import build_train_batch
 from gspo_cli.train.distributed import LOCAL, DistContext
 from gspo_cli.train.engine import LogprobModel, TrainEngine
 from gspo_cli.train.metric_rules import combine
-from gspo_cli.train.micro import MicroBatch, StepPlan, plan_step, rows_with_signal
+from gspo_cli.train.micro import StepPlan, plan_step, rows_with_signal
+from gspo_cli.train.old_policy import (
+    EngineLogprobs,
+    PiOldInputs,
+    check_first_forward,
+    engine_logprobs_of,
+    forward_no_grad,
+    pi_old,
+)
 from gspo_cli.train.replay import PROBE_ROWS, StepRouting
 from gspo_cli.train.rewards import RewardModel
 
@@ -34,7 +40,7 @@ class StepSettings:
     algorithm: AlgorithmConfig
     sampling: SamplingParams
     micro_batch_size: int  # 0 = a whole minibatch per forward/backward
-    use_engine_logprobs: bool
+    use_engine_logprobs: EngineLogprobs  # resolved (old_policy.resolve_engine_logprobs)
     pad_id: int
     max_tokens_per_micro_batch: int = 0  # padded tokens per forward/backward; 0 = no budget
     skip_zero_advantage: bool = True
@@ -55,70 +61,6 @@ class StepOutput:
     index: list[int] = field(default_factory=list)  # the prompts' rows (set by the loop)
 
 
-def _forward_no_grad(
-    engine: LogprobModel,
-    batch: TrainBatch,
-    plan: list[MicroBatch],
-    temperature: float,
-    routing: StepRouting | None = None,
-) -> torch.Tensor:
-    """`[N, T]` log-probs of the current weights, without grad, for the rows of `plan` (0 for
-    the others); the pi_old forward when `routing` is given: it records or replays experts."""
-    out = torch.zeros(batch.response_mask.shape)
-    with torch.no_grad():
-        for index, filler in plan:
-            sub = batch.select(index).trimmed()
-            with (
-                contextlib.nullcontext()
-                if routing is None or filler
-                else routing.old_policy_forward(sub, index)
-            ):
-                lp, _ = engine.logprobs(sub, temperature)
-            if not filler:
-                out[index, : lp.shape[1]] = lp.float().cpu()
-    return out
-
-
-def _pi_old(
-    engine: LogprobModel,
-    rollout: RolloutBatch,
-    batch: TrainBatch,
-    plan: list[MicroBatch],
-    temperature: float,
-    settings: StepSettings,
-    routing: StepRouting,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, dict[str, float]]:
-    """(pi_old `[N, T]`, token weights `[N, T]` or None, loss mask `[N, T]`, metrics).
-
-    pi_old is the engine's log-probs (`use_engine_logprobs`) or the trainer's recompute. When
-    both exist, the engine-vs-trainer mismatch is measured and the rollout correction applied.
-    """
-    algo, mask = settings.algorithm, batch.response_mask
-    engine_lp = (
-        None
-        if rollout.completion_logprobs is None
-        else pad_logprobs(rollout.completion_logprobs, mask.shape[1])  # [N, T]
-    )
-    if settings.use_engine_logprobs:
-        if engine_lp is None:
-            raise ValueError("use_engine_logprobs needs the rollout engine's log-probs")
-        return engine_lp, None, mask, {}
-    old_lp = _forward_no_grad(engine, batch, plan, temperature, routing)  # [N, T]
-    if engine_lp is None:
-        return old_lp, None, mask, {}
-    clip = (float(algo.clip_low or 0), float(algo.clip_high or 0))
-    metrics = mismatch_metrics(old_lp, engine_lp, mask, *clip)
-    if algo.rollout_correction == "off":
-        return old_lp, None, mask, metrics
-    weights, keep = rollout_correction(
-        algo.rollout_correction, old_lp, engine_lp, mask, algo.correction_cap
-    )
-    kept = keep.sum().clamp(min=1)
-    metrics["correction_masked_token_frac"] = float(1 - keep.sum() / mask.sum().clamp(min=1))
-    metrics["correction_weight_mean"] = float((weights * keep).sum() / kept)
-    return old_lp, weights, keep, metrics
-
-
 def _mismatch(
     parts: dict[str, list[float]],
     logprobs: torch.Tensor,
@@ -137,6 +79,7 @@ def _micro_batch_loss(
     parts: dict[str, list[float]],
     settings: StepSettings,
     first_update: bool,
+    old_from_engine: bool,
     logprobs: torch.Tensor,
     entropy: torch.Tensor | None,
     index: torch.Tensor,
@@ -159,7 +102,7 @@ def _micro_batch_loss(
         if entropy is not None:
             parts["entropy_before"].append(float((entropy * mask).sum() / tokens))
         parts["first_ratio_gap_max"].append(float(((logprobs.detach() - old) * mask).abs().max()))
-        if settings.use_engine_logprobs:
+        if old_from_engine:
             _mismatch(parts, logprobs, old, mask, algo)
     loss, metrics = compute_policy_loss(
         logprobs,
@@ -228,7 +171,9 @@ def rl_step(
     rollout_engine.sync_weights()
     rollout = rollout_engine.generate(prompts, params, seeds)
     t_rollout = time.perf_counter()
-    rewards, correct = reward(rollout.texts, [row for row in rows for _ in range(g)])
+    rewards, correct, reward_metrics = reward(
+        rollout.texts, [row for row in rows for _ in range(g)], rollout.completion_ids
+    )
     t_reward = time.perf_counter()
 
     reward_t = torch.tensor(rewards, dtype=torch.float32)  # [N]
@@ -246,21 +191,22 @@ def rl_step(
         (settings.micro_batch_size or n // algo.minibatches, settings.max_tokens_per_micro_batch),
         ctx,
         # the engine's log-probs are compared with (or corrected by) pi_old of every row
-        forward_all=rollout.completion_logprobs is not None and not settings.use_engine_logprobs,
+        forward_all=rollout.completion_logprobs is not None
+        and settings.use_engine_logprobs is False,
         prompts=torch.arange(n) // g if engine.shares_prompts(batch) else None,  # [N] groups
     )
     temperature = params.temperature
     routing = StepRouting(
         engine.model, algo.routing_replay, n, rollout.routed_experts, algo.router_aux_coef
     )
-    old_lp, weights, loss_mask, correction_metrics = _pi_old(
-        engine, rollout, batch, plan.forward, temperature, settings, routing
+    inputs = PiOldInputs(
+        engine, batch, plan.forward, temperature, routing, ctx, engine_logprobs_of(rollout, batch)
     )
-    ref_lp = _forward_no_grad(ref_engine, batch, plan.forward, temperature) if ref_engine else None
+    old = pi_old(inputs, algo, settings.use_engine_logprobs)
+    old_lp, weights, loss_mask = old.logprobs, old.weights, old.loss_mask
+    ref_lp = forward_no_grad(ref_engine, batch, plan.forward, temperature) if ref_engine else None
 
     parts: dict[str, list[float]] = defaultdict(list)
-    for key, value in correction_metrics.items():
-        parts[key].append(value)
     bad_updates: list[bool] = []  # per minibatch: the non-finite guard left its update out
     for number, (minibatch, micro_batches) in enumerate(zip(splits, plan.minibatches, strict=True)):
         # every row counts in the normaliser, trained or not: the gradient stays the same
@@ -272,11 +218,14 @@ def rl_step(
             probe = index[:PROBE_ROWS] if part == 0 and routing.is_moe else None
             with routing.training_forward(sub, index, probe) as router_logits:
                 logprobs, entropy = engine.logprobs(sub, temperature, entropy=not filler)
+            if old.unchecked:  # `auto`: this forward, before any update, checks the engine's
+                old = check_first_forward(old, inputs, algo, logprobs, None if filler else index)
+                old_lp, weights, loss_mask = old.logprobs, old.weights, old.loss_mask
             if filler:  # keeps this rank in step with the others; adds nothing
                 loss = logprobs.sum() * 0.0
             else:
                 loss = _micro_batch_loss(
-                    parts, settings, number == 0, logprobs, entropy, index, width,
+                    parts, settings, number == 0, old.from_engine, logprobs, entropy, index, width,
                     old_lp, ref_lp, advantages, loss_mask, weights, norm,
                 )  # fmt: skip
                 aux = routing.aux_loss(router_logits, sub)
@@ -293,6 +242,8 @@ def rl_step(
         routing.after_update(batch, applied)  # MoE: volatility across this one update
         parts["grad_norm"].append(grad_norm)
         bad_updates.append(not applied)
+    for key, value in {**old.metrics, "pi_old_from_engine": float(old.from_engine)}.items():
+        parts[key].append(value)
     t_train = time.perf_counter()
     summary = _summarise(
         parts,
@@ -308,6 +259,7 @@ def rl_step(
         engine.lr,
     )
     summary.update(routing.metrics())
+    summary.update(reward_metrics)  # reward/<name>/mean of each function
     summary["bad_updates"] = float(sum(bad_updates))
     _count_skipped_rows(summary, plan, loss_mask, advantages)
     # Skipped updates at the end of this step, which continue into the next step's count.

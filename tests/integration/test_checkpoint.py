@@ -18,8 +18,9 @@ from gspo_cli.train.checkpoint import (
     set_rng_state,
 )
 from gspo_cli.train.distributed import LOCAL
-from gspo_cli.train.engine import TorchEngine
+from gspo_cli.train.engine import TorchEngine, optimizer_steps
 from gspo_cli.train.sampler import PromptSampler
+from gspo_cli.train.schedule import lr_lambda
 
 
 def _trained_engine() -> tuple[TorchEngine, object]:
@@ -98,3 +99,39 @@ def test_corrupted_state_is_one_clear_error(tmp_path: Path) -> None:
     (folder / "trainer_state.pt").unlink()
     with pytest.raises(GspoError, match="incomplete or missing"):
         latest_checkpoint(tmp_path)
+
+
+def test_pruning_keeps_the_checkpoint_a_rollback_needs(tmp_path: Path) -> None:
+    engine, tokenizer = _trained_engine()
+    for step in range(6):  # checkpoint_every 1, keep 2, on_collapse rollback
+        save_checkpoint(tmp_path, step, engine, tokenizer, {}, keep=2, keep_before=step - 2)
+    # a collapse found at step 6 goes back to step 3 or before: step_3 survived pruning
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == [
+        "step_000003",
+        "step_000004",
+        "step_000005",
+    ]
+
+
+def test_a_restored_scheduler_takes_the_new_peak_learning_rate(tmp_path: Path) -> None:
+    """Resume with a changed optimizer.lr and schedule: load_state brings back the old peak
+    (LambdaLR's base_lrs and the optimizer's lr); set_peak_lr must win, now and later."""
+    engine, tokenizer = _trained_engine()  # lr 1e-6 (default), constant, 1 step taken
+    folder = save_checkpoint(tmp_path, 1, engine, tokenizer, {}, keep=1)
+    new = Recipe.model_validate(
+        {
+            "optimizer": {"lr": 5e-4, "schedule": "linear", "warmup_steps": 0},
+            "trainer": {"steps": 3},
+        }
+    )
+    model2, _ = create_builtin("tiny-dense", seed=3)
+    engine2 = TorchEngine(model2, new, LOCAL)
+    engine2.load_state(folder)
+    assert engine2.lr == pytest.approx(1e-6)  # the checkpoint's, until told otherwise
+    engine2.set_peak_lr(5e-4)
+    decay = lr_lambda("linear", 0, optimizer_steps(new), 0.0)
+    assert engine2.lr == pytest.approx(5e-4 * decay(1))
+    ids = torch.randint(0, 90, (2, 8))
+    model2(input_ids=ids, labels=ids).loss.backward()
+    engine2.step()
+    assert engine2.lr == pytest.approx(5e-4 * decay(2))

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from rich.console import Console
 from safetensors.torch import load_file
 
+from gspo_cli.cli import dump_recipe_yaml
 from gspo_cli.errors import GspoError
 from gspo_cli.models import create_builtin
-from gspo_cli.recipe import Recipe
+from gspo_cli.recipe import Recipe, load_recipe
 from gspo_cli.train.checkpoint import save_checkpoint
 from gspo_cli.train.distributed import LOCAL
 from gspo_cli.train.engine import TorchEngine
+from gspo_cli.train.loop import run_loop
+from gspo_cli.train.prepare import prepare_run
 from tests.conftest import invoke_cli
 
 
@@ -68,3 +73,59 @@ def test_non_finite_weights_are_never_checkpointed(tmp_path: Path) -> None:
     with pytest.raises(GspoError, match=r"not finite.*last good one is .*step_000001"):
         save_checkpoint(tmp_path, 2, engine, tokenizer, {"sampler": {}}, keep=2)
     assert (tmp_path / "latest").read_text() == "step_000001"
+
+
+class _Recording:
+    """The rollout engine, keeping each call's prompts, number of samples and completions."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[tuple[list[list[int]], int, list[str]]] = []
+
+    def generate(self, prompts: list[list[int]], params: Any, seeds: Any = None) -> Any:
+        out = self.inner.generate(prompts, params, seeds)
+        self.calls.append((prompts, params.num_samples, list(out.texts)))
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("seed_per_prompt", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_lr_1e30_rolls_back_with_fresh_rollouts_and_a_compounded_lower_lr(
+    tiny_recipe, tmp_path: Path, seed_per_prompt: bool
+) -> None:  # type: ignore[no-untyped-def]
+    """The first update wrecks the policy and the next ones are non-finite: whichever guard
+    fires, on_collapse: rollback rolls back, each retry samples afresh, and the learning rate
+    halves at each rollback (x0.25 after two)."""
+    recipe = load_recipe(
+        tiny_recipe(
+            optimizer={"lr": 1.0e30},
+            rollout={
+                "num_prompts": 8, "group_size": 8, "max_new_tokens": 32,
+                "seed_per_prompt": seed_per_prompt,
+            },
+            trainer={"steps": 3, "on_collapse": "rollback", "max_rollbacks": 2},
+        )
+    )  # fmt: skip
+    out = tmp_path / "run"
+    run = prepare_run(recipe, dump_recipe_yaml(recipe), out, False, Console(quiet=True))
+    recorder = _Recording(run.rollout_engine)
+    run.rollout_engine = recorder
+    try:
+        with pytest.raises(GspoError, match="stopped at step"):
+            run_loop(run)
+    finally:
+        run.close()
+    actions = [e["action"] for e in _events(out)]
+    assert actions[0] == "rollback" and actions[-1] == "stop", actions
+    steps = [(p, texts) for p, n, texts in recorder.calls if n == recipe.rollout.group_size]
+    retries = [texts for prompts, texts in steps if prompts == steps[0][0]]  # the same step
+    assert len(retries) == 3  # the first try and two retries, after rolling back to step 0
+    assert retries[0] != retries[1] and retries[1] != retries[2]
+    assert _metrics_lr(out) == pytest.approx(0.25e30)
+
+
+def _metrics_lr(run: Path) -> float:
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    return float(last["lr"])

@@ -14,6 +14,7 @@ from gspo_cli.rollout import RolloutBatch, SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.distributed import LOCAL
 from gspo_cli.train.engine import TorchEngine
+from gspo_cli.train.rewards import RewardScores
 from gspo_cli.train.step import StepSettings, rl_step
 
 PROMPTS = [
@@ -29,10 +30,10 @@ class LengthParityReward:
     """A deterministic reward that varies within groups, so every group carries signal."""
 
     def __call__(
-        self, completions: list[str], rows: list[dict[str, Any]]
-    ) -> tuple[list[float], list[float]]:
+        self, completions: list[str], rows: list[dict[str, Any]], completion_ids: Any = None
+    ) -> RewardScores:
         scores = [float(len(c) % 2) for c in completions]
-        return scores, scores
+        return RewardScores(scores, scores, {})
 
 
 class FixedRollout:

@@ -15,6 +15,7 @@ from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.batch import TrainBatch
 from gspo_cli.train.distributed import LOCAL
 from gspo_cli.train.micro import bucket
+from gspo_cli.train.rewards import RewardScores
 from gspo_cli.train.step import StepSettings, rl_step
 from tests.integration.test_rl_step import GROUP, PROMPTS, FixedRollout, GradCapturingEngine
 
@@ -24,14 +25,14 @@ ROWS = [{"prompt": "p", "answer": a} for a in ("all", "parity", "all", "parity")
 
 class HalfSolvedReward:
     def __call__(
-        self, completions: list[str], rows: list[dict[str, Any]]
-    ) -> tuple[list[float], list[float]]:
+        self, completions: list[str], rows: list[dict[str, Any]], completion_ids: Any = None
+    ) -> RewardScores:
         # "parity" rows alternate 0 / 1 by position: their groups always carry a signal
         scores = [
             1.0 if r["answer"] == "all" else float(i % 2)
             for i, (c, r) in enumerate(zip(completions, rows, strict=True))
         ]
-        return scores, scores
+        return RewardScores(scores, scores, {})
 
 
 class CountingEngine(GradCapturingEngine):
@@ -168,7 +169,9 @@ def test_a_token_budget_with_shared_prompts_leaves_the_update_unchanged() -> Non
 
 def test_a_step_without_signal_still_steps_the_optimiser_the_same_way() -> None:
     class Solved(HalfSolvedReward):
-        def __call__(self, completions: list[str], rows: list[dict[str, Any]]) -> Any:
+        def __call__(
+            self, completions: list[str], rows: list[dict[str, Any]], completion_ids: Any = None
+        ) -> RewardScores:
             return super().__call__(completions, [{"answer": "all"}] * len(rows))
 
     finals = []

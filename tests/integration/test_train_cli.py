@@ -106,7 +106,8 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tiny_recipe, tmp_
         "rewards carry no signal: the test would be vacuous"
     )
     for step in range(stopped_at + 1, 5):
-        for key in COMPARED:
+        # a step whose rows were all skipped has no statistics of trained tokens, in both runs
+        for key in (k for k in COMPARED if k in a[step] or k in b[step]):
             assert b[step][key] == pytest.approx(a[step][key], rel=1e-5, abs=1e-7), (step, key)
 
 
@@ -149,7 +150,10 @@ def test_unloadable_hub_model_exits_2(tmp_path: Path) -> None:
         timeout=300,
     )
     assert env_run.returncode == 2
-    assert "model.path: cannot load 'nobody/no-such-model'" in env_run.stderr
+    assert (
+        "model.path: 'nobody/no-such-model' is neither a local folder nor in the local hub cache, "
+        "and HF_HUB_OFFLINE is set" in env_run.stderr
+    )
     assert "Traceback" not in env_run.stderr
 
 

@@ -71,3 +71,19 @@ def test_notices_are_said_once() -> None:
     assert "not exactly 1" in guard.notices(1, inexact)[0]
     assert guard.notices(2, inexact) == []
     assert "zero advantage" in guard.notices(3, inexact)[0]  # the third step in a row
+
+
+def test_non_finite_updates_roll_back_when_on_collapse_is_rollback() -> None:
+    """lr=1e30: the first minibatch's update wrecks the policy and the next ones are
+    non-finite; the non-finite guard must not stop a run that asked for rollbacks."""
+    all_bad = {**_healthy(1), "bad_updates": 3.0, "bad_updates_trailing": 3.0}
+    guard = Guard(max_bad_updates=3, on_collapse="rollback", max_rollbacks=1)
+    decision = guard.after_step(1, all_bad, 4)
+    assert decision.action == "rollback" and "3 updates in a row" in decision.reason
+    guard.restarted()
+    assert guard.after_step(1, all_bad, 4).action == "stop"  # max_rollbacks used up
+    # An update that was applied and cannot be undone (DeepSpeed) goes the same way.
+    assert Guard(3, "rollback", 1).failed_update(2, "norm inf").action == "rollback"
+    assert Guard(3, "warn", 1).failed_update(2, "norm inf").action == "stop"
+    # A resumed run keeps the rollbacks it has had.
+    assert Guard(3, "rollback", 2, rollbacks=2).failed_update(2, "norm inf").action == "stop"

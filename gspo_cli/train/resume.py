@@ -1,0 +1,182 @@
+"""`--resume`: which recipe changes a resumed run accepts, and restoring its checkpoint.
+
+A resume continues a run from the checkpoint `checkpoints/latest` names. Settings that cannot
+break the run may change (RESUMABLE_CHANGES: the learning rate and its schedule, checkpoint
+cadence and retention, logging, the evaluation cadence, the length, the guards); each change is
+printed, `recipe.yaml` becomes the new resolved recipe, and the restored optimizer takes the new
+learning rate (a restored scheduler would otherwise bring back the old one). Any other change is
+refused with its keys named, since the checkpoint was made with the old values.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from gspo_cli.errors import GspoError
+from gspo_cli.recipe.schema import Recipe
+from gspo_cli.run_folder import CHECKPOINTS, COLD_START, HF_CONFIG, LATEST, RECIPE
+from gspo_cli.train.checkpoint import (
+    checkpoint_at_or_before,
+    latest_checkpoint,
+    load_trainer_state,
+    set_rng_state,
+)
+from gspo_cli.train.distributed import DistContext
+from gspo_cli.train.engine import TrainEngine
+from gspo_cli.train.run_log import RunLog
+from gspo_cli.train.sampler import PromptSampler
+
+# What may change on resume (whole sections end in "."): nothing the checkpoint was made with.
+RESUMABLE_CHANGES = (
+    "optimizer.lr", "optimizer.schedule", "optimizer.warmup_steps", "optimizer.min_lr_ratio",
+    "optimizer.max_grad_norm", "trainer.steps", "trainer.checkpoint_every",
+    "trainer.keep_checkpoints", "trainer.log_samples", "trainer.stop_grace_s",
+    "trainer.max_bad_updates", "trainer.on_collapse", "trainer.rollback_lr_factor",
+    "trainer.max_rollbacks", "eval.every", "logging.",
+)  # fmt: skip
+
+# What the cold start was made from: a run that keeps its cold start must not change these.
+COLD_START_INPUTS = (
+    "model.", "data.", "cold_start.", "trainer.seed", "eval.num_problems", "eval.benchmark",
+)  # fmt: skip
+
+
+def recipe_changes(old: Any, new: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """Every leaf key whose value differs between two recipe trees: key -> (old, new)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        found: dict[str, tuple[Any, Any]] = {}
+        for key in set(old) | set(new):
+            found.update(recipe_changes(old.get(key), new.get(key), f"{prefix}{key}."))
+        return found
+    return {} if old == new else {prefix.rstrip("."): (old, new)}
+
+
+def _matches(key: str, patterns: tuple[str, ...]) -> bool:
+    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in patterns)
+
+
+def _saved_changes(run_dir: Path, recipe_yaml: str) -> dict[str, tuple[Any, Any]]:
+    saved = run_dir / RECIPE
+    if not saved.is_file():
+        return {}
+    return recipe_changes(
+        yaml.safe_load(saved.read_text(encoding="utf-8")), yaml.safe_load(recipe_yaml)
+    )
+
+
+def _show(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def resume_changes(run_dir: Path, recipe_yaml: str) -> list[str]:
+    """`resume: KEY OLD -> NEW` for each setting that differs from the run folder's recipe."""
+    changed = _saved_changes(run_dir, recipe_yaml)
+    return [f"resume: {k} {_show(a)} -> {_show(b)}" for k, (a, b) in sorted(changed.items())]
+
+
+def check_resumable(run_dir: Path, recipe_yaml: str) -> None:
+    """What --resume reuses must come from the same recipe: all but RESUMABLE_CHANGES with a
+    checkpoint, the cold start's inputs with only a cold start, nothing otherwise."""
+    changed = _saved_changes(run_dir, recipe_yaml)
+    saved = run_dir / RECIPE
+    if (run_dir / CHECKPOINTS / LATEST).is_file():
+        refused = sorted(k for k in changed if not _matches(k, RESUMABLE_CHANGES))
+        if refused:
+            raise GspoError(
+                f"--resume: {', '.join(refused)} differ from {saved}, and the checkpoint was "
+                "made with them (a resume may change the learning rate and its schedule, "
+                "checkpointing, logging, eval.every, trainer.steps and the guard settings)"
+            )
+    elif (run_dir / COLD_START / HF_CONFIG).is_file():
+        stale = sorted(k for k in changed if _matches(k, COLD_START_INPUTS))
+        if stale:
+            raise GspoError(
+                f"--resume: {', '.join(stale)} differ from {saved}, and the cold start in "
+                f"{run_dir / COLD_START} was made with them: remove that folder to redo it"
+            )
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where a run continues: its last step done and the rollbacks it has been through."""
+
+    step: int = 0
+    rollbacks: int = 0
+    lr_scale: float = 1.0  # the rollbacks' learning-rate factors, multiplied
+
+
+def resume_from_checkpoint(
+    run_dir: Path,
+    recipe: Recipe,
+    engine: TrainEngine,
+    sampler: PromptSampler,
+    log: RunLog,
+    ctx: DistContext,
+    console: Console,
+) -> Resumed:
+    """Load the latest checkpoint into `engine`, `sampler` and the RNGs; cut the logs after it."""
+    root = run_dir / CHECKPOINTS
+    if ctx.is_main:
+        latest_checkpoint(root)  # removes what a kill during a save left behind
+    ctx.barrier()
+    folder = latest_checkpoint(root, cleanup=False)
+    if folder is None:  # killed before the first checkpoint: start over, keep the cold start
+        kept = " (the cold start is kept)" if (run_dir / COLD_START / HF_CONFIG).is_file() else ""
+        console.print(
+            f"no checkpoint in {root}: starting from step 0{kept}", highlight=False, soft_wrap=True
+        )
+        log.truncate_after(-1)
+        return Resumed()
+    state = load_trainer_state(folder)
+    _load_engine(folder, state, engine, ctx, root)
+    sampler.load_state_dict(state["sampler"])
+    set_rng_state(state["rng"])
+    step = int(state["step"])
+    log.truncate_after(step)
+    resumed = Resumed(step, int(state.get("rollbacks", 0)), _lr_scale(state, recipe))
+    engine.set_peak_lr(recipe.optimizer.lr * resumed.lr_scale)
+    console.print(
+        f"resume: loaded checkpoint {folder} (step {step})", highlight=False, soft_wrap=True
+    )
+    if resumed.lr_scale != 1.0:
+        console.print(
+            f"resume: the learning rate stays x{resumed.lr_scale:g} from "
+            f"{resumed.rollbacks} rollback(s) (a new optimizer.lr replaces it)",
+            highlight=False,
+        )
+    return resumed
+
+
+def _load_engine(
+    folder: Path, state: dict[str, Any], engine: TrainEngine, ctx: DistContext, root: Path
+) -> None:
+    saved_world = int(state.get("world", 1))
+    if saved_world != ctx.world and not engine.allows_resharding:
+        raise GspoError(
+            f"checkpoint {folder} was written by {saved_world} process(es); this engine cannot "
+            f"re-partition its optimizer state for {ctx.world}: resume with --nproc {saved_world}"
+        )
+    engine.load_state(folder)
+    if not engine.weights_finite():  # written before the guard existed, or by another tool
+        older = checkpoint_at_or_before(root, int(state["step"]) - 1)
+        hint = (
+            f"the last good one is {older}; to resume from it: printf {older.name} > "
+            f"{shlex.quote(str(root / LATEST))}, then rerun with --resume"
+            if older
+            else "none is older: start over"
+        )
+        raise GspoError(f"checkpoint {folder} holds non-finite weights; {hint}")
+
+
+def _lr_scale(state: dict[str, Any], recipe: Recipe) -> float:
+    """The rollbacks' factor on the recipe's learning rate: kept, unless optimizer.lr changed
+    on this resume (the new value is then the peak, as recipe.yaml says)."""
+    if float(state.get("recipe_lr", recipe.optimizer.lr)) != recipe.optimizer.lr:
+        return 1.0
+    return float(state.get("lr_scale", 1.0))

@@ -1,0 +1,162 @@
+"""Size bounds checked at validate time: the rollout batch cap, prompt + response lengths
+against the model's positions, and the memory warning given before anything is loaded."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from gspo_cli.recipe import Recipe, RecipeError, load_recipe
+from gspo_cli.recipe.bounds import (
+    ACTIVATION_VALUES,
+    BUILTIN_SHAPES,
+    HF_GENERATE_ROWS,
+    MAX_ROLLOUT_BATCH,
+    ModelShape,
+    estimate_memory,
+    memory_warning,
+    shape_from_config,
+)
+
+# A model folder needs only config.json to validate; these sizes are Qwen2.5-7B's.
+BIG_CONFIG = {
+    "model_type": "qwen2",
+    "max_position_embeddings": 32768,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "hidden_size": 3584,
+    "vocab_size": 152064,
+}
+
+
+def problems(tmp_path: Path, text: str, overrides: list[str] | None = None) -> list[str]:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(text)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(recipe, overrides)
+    return info.value.problems
+
+
+def model_folder(tmp_path: Path, **config: object) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**BIG_CONFIG, **config}))
+    return folder
+
+
+def test_the_rollout_batch_is_capped_with_the_reason(tmp_path: Path) -> None:
+    found = problems(tmp_path, "rollout: {num_prompts: 16, group_size: 1000000000}\n")
+    assert len(found) == 1
+    assert found[0].startswith("rollout.group_size: rollout.num_prompts x rollout.group_size")
+    assert "16000000000 responses per step" in found[0] and "MAX_ROLLOUT_BATCH" in found[0]
+    text = "rollout: {num_prompts: 70000, group_size: 2}\nalgorithm: {minibatches: 1}\n"
+    found = problems(tmp_path, text)
+    assert found[0].startswith("rollout.num_prompts:")
+    at_cap = f"rollout: {{num_prompts: {MAX_ROLLOUT_BATCH // 2}, group_size: 2}}\n"
+    (tmp_path / "ok.yaml").write_text(at_cap)
+    assert load_recipe(tmp_path / "ok.yaml").rollout.group_size == 2
+
+
+def test_lengths_past_a_builtin_models_positions(tmp_path: Path) -> None:
+    found = problems(tmp_path, "rollout: {max_new_tokens: 10000000}\n")
+    assert found == [
+        "rollout.max_new_tokens: data.max_prompt_tokens + rollout.max_new_tokens = 256 + 10000000 "
+        "= 10000256 is past the 8192 positions of builtin:tiny-dense (its max_position_embeddings)"
+        ": lower one of them"
+    ]
+    text = "data: {max_prompt_tokens: 4096}\nrollout: {max_new_tokens: 4096}\n"
+    (tmp_path / "ok.yaml").write_text(text)  # exactly 8192: fits
+    assert load_recipe(tmp_path / "ok.yaml").rollout.max_new_tokens == 4096
+
+
+def test_lengths_past_a_local_folders_config(tmp_path: Path) -> None:
+    folder = model_folder(tmp_path, max_position_embeddings=512)
+    text = f"model: {{path: {folder}}}\nrollout: {{max_new_tokens: 200}}\n"
+    found = problems(tmp_path, text, ["eval.max_new_tokens=300", "data.max_prompt_tokens=400"])
+    assert [p.split(":")[0] for p in found] == ["rollout.max_new_tokens", "eval.max_new_tokens"]
+    assert "400 + 300 = 700 is past the 512 positions" in found[1]
+    (tmp_path / "ok.yaml").write_text(text)
+    assert load_recipe(tmp_path / "ok.yaml").rollout.max_new_tokens == 200  # 256 + 200 fits
+
+
+def test_an_unreadable_config_json_is_one_line(tmp_path: Path) -> None:
+    folder = model_folder(tmp_path)
+    (folder / "config.json").write_text("{not json")
+    found = problems(tmp_path, f"model: {{path: {folder}}}\n")
+    assert len(found) == 1 and found[0].startswith(f"model.path: cannot read {folder}")
+
+
+def test_memory_hungry_settings_warn_before_loading(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = model_folder(tmp_path)
+    recipe = tmp_path / "r.yaml"
+    # A 7B model's micro-batch of 8,192 rows x 8,448 tokens: hundreds of TiB of activations.
+    recipe.write_text(
+        f"model: {{path: {folder}, dtype: bfloat16}}\ntrainer: {{device: cpu}}\n"
+        "data: {max_prompt_tokens: 256}\n"
+        "rollout: {num_prompts: 512, group_size: 64, max_new_tokens: 8192}\n"
+    )
+    with caplog.at_level(logging.WARNING, logger="gspo_cli.recipe.bounds"):
+        load_recipe(recipe)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and lines[0].startswith(f"warning: {folder}: about ")
+    assert "for one training micro-batch of 8192 rows (69206016 tokens: " in lines[0]
+    assert "GiB of RAM available: lower trainer.micro_batch_size" in lines[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gspo_cli.recipe.bounds"):
+        small = ["rollout={num_prompts: 2, group_size: 2, max_new_tokens: 8}"]
+        load_recipe(recipe, [*small, "data.max_prompt_tokens=8", "algorithm.minibatches=1"])
+    assert caplog.records == []  # 4 rows of 16 tokens: about 0.3 GiB
+
+
+def test_the_memory_estimate_counts_kv_cache_activations_and_logits() -> None:
+    recipe = Recipe.model_validate(
+        {"rollout": {"num_prompts": 4, "group_size": 2, "max_new_tokens": 64},
+         "data": {"max_prompt_tokens": 64}, "algorithm": {"minibatches": 2}}
+    )  # fmt: skip
+    shape = ModelShape(positions=1024, layers=2, hidden=16, kv_heads=1, head_dim=8, vocab=100)
+    kv_cache = 8 * 128 * (2 * 2 * 1 * 8 * 4)  # 8 rows x 128 tokens x K and V of 2 layers
+    activations = 4 * 128 * (2 * ACTIVATION_VALUES) * 16 * 4  # a micro-batch: 8 rows / 2
+    logits = 4 * 64 * 100 * 4  # its response tokens x vocabulary, float32
+    estimate = estimate_memory(recipe, shape)
+    assert estimate is not None and estimate[:3] == (kv_cache, activations, logits)
+    assert memory_warning(recipe, shape, available=estimate.total) is None
+    line = memory_warning(recipe, shape, available=estimate.total - 1)
+    assert line is not None and "micro-batch of 4 rows (512 tokens: " in line
+    assert memory_warning(recipe, shape._replace(vocab=None), available=0) is None  # unknown
+    recipe.model.gradient_checkpointing = True  # keeps each layer's input, one layer's all
+    smaller = estimate_memory(recipe, shape)
+    assert (
+        smaller is not None
+        and smaller.activation_bytes == 4 * 128 * (2 + ACTIVATION_VALUES) * 16 * 4
+    )
+
+
+def test_the_hf_engines_rows_at_once_match_the_estimate() -> None:
+    import inspect
+
+    from gspo_cli.rollout.hf import HFGenerateEngine
+
+    default = inspect.signature(HFGenerateEngine).parameters["max_batch"].default
+    assert default == HF_GENERATE_ROWS
+
+
+def test_config_names_of_other_families() -> None:
+    gpt2 = {"n_positions": 1024, "n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50257}
+    assert shape_from_config(gpt2) == ModelShape(1024, 12, 768, 12, 64, 50257)
+    multimodal = {"model_type": "llava", "text_config": {**BIG_CONFIG, "head_dim": 96}}
+    assert shape_from_config(multimodal) == ModelShape(32768, 28, 3584, 4, 96, 152064)
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_SHAPES))
+def test_builtin_shapes_match_the_models_the_registry_builds(name: str) -> None:
+    from gspo_cli.models.builtin import BUILTIN_MODELS, create_builtin
+
+    assert sorted(BUILTIN_SHAPES) == sorted(BUILTIN_MODELS.names())  # none missing
+    model, _ = create_builtin(name, seed=0)
+    assert shape_from_config(model.config.to_dict()) == BUILTIN_SHAPES[name]
