@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
-from gspo_cli.train.metric_rules import combine
+from gspo_cli.train.metric_rules import combine, rank_weight_key
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class DistContext:
         out: dict[str, float] = {}
         for key in dict.fromkeys(k for g in gathered for k in g):  # every rank's keys, in order
             holders = [g for g in gathered if key in g]  # a rank that trained no row lacks some
-            weights = [float(g["response_tokens"]) for g in holders]
+            weights = [float(g[rank_weight_key(key)]) for g in holders]
             out[key] = combine(key, [float(g[key]) for g in holders], weights)
         out["tokens_per_s"] = out["completion_tokens"] / max(out["time_step_s"], 1e-9)
         return out

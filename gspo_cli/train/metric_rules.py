@@ -25,6 +25,16 @@ TOKEN_WEIGHTED = frozenset(
 )
 
 
+# Shares of ALL of a rank's response tokens, skipped rows included (the RL step rescales them),
+# so ranks weigh them by their completion tokens rather than by the tokens they trained.
+ALL_TOKEN_SHARES = frozenset({"clip_frac", "clip_frac_low", "clip_frac_high"})
+
+
+def rank_weight_key(key: str) -> str:
+    """The per-rank count that weighs metric `key` when ranks are combined."""
+    return "completion_tokens" if key in ALL_TOKEN_SHARES else "response_tokens"
+
+
 def combine(key: str, values: list[float], token_weights: list[float]) -> float:
     """`values` of metric `key` from several parts (each holding `token_weights[i]` tokens).
 

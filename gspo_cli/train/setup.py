@@ -19,6 +19,7 @@ from gspo_cli.data.problems import Problem
 from gspo_cli.data.sources import carve_heldout, has_splits
 from gspo_cli.errors import GspoError
 from gspo_cli.models import load_policy
+from gspo_cli.recipe.bounds import length_problems, shape_from_config
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rollout import SamplingParams
 from gspo_cli.run_folder import (
@@ -53,13 +54,18 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 def load_recipe_model(recipe: Recipe) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The recipe's starting policy and tokenizer (seeded, for built-in models)."""
-    return load_policy(
+    """The recipe's starting policy and tokenizer (seeded, for built-in models). Lengths are
+    checked against its positions again: validation cannot see a hub model's config."""
+    model, tokenizer = load_policy(
         recipe.model.path,
         dtype=recipe.model.dtype,
         seed=recipe.trainer.seed,
         trust_remote_code=recipe.model.trust_remote_code,
     )
+    problems = length_problems(recipe, shape_from_config(model.config.to_dict()))
+    if problems:
+        raise GspoError(problems[0])
+    return model, tokenizer
 
 
 def load_problems(recipe: Recipe, tokenizer: PreTrainedTokenizerBase, split: str) -> Problems:

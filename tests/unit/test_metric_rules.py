@@ -18,3 +18,17 @@ from gspo_cli.train.metric_rules import combine
 )
 def test_each_kind_of_metric_combines_by_its_rule(key: str, expected: float) -> None:
     assert combine(key, [1.0, 2.0, 4.0], [1.0, 1.0, 2.0]) == pytest.approx(expected)
+
+
+def test_clip_fractions_combine_over_ranks_by_all_their_tokens() -> None:
+    # After zero-advantage skipping a clip fraction is a share of ALL of a rank's response
+    # tokens; a rank that trained no row must still count its tokens in the denominator.
+    from gspo_cli.train.metric_rules import rank_weight_key
+
+    ranks = [
+        {"clip_frac": 0.0, "response_tokens": 0.0, "completion_tokens": 100.0},  # all skipped
+        {"clip_frac": 0.2, "response_tokens": 30.0, "completion_tokens": 100.0},
+    ]
+    weights = [r[rank_weight_key("clip_frac")] for r in ranks]
+    assert combine("clip_frac", [r["clip_frac"] for r in ranks], weights) == pytest.approx(0.1)
+    assert rank_weight_key("entropy") == "response_tokens"  # over the trained tokens

@@ -160,3 +160,20 @@ def test_builtin_shapes_match_the_models_the_registry_builds(name: str) -> None:
     assert sorted(BUILTIN_SHAPES) == sorted(BUILTIN_MODELS.names())  # none missing
     model, _ = create_builtin(name, seed=0)
     assert shape_from_config(model.config.to_dict()) == BUILTIN_SHAPES[name]
+
+
+def test_lengths_are_checked_again_once_the_model_is_loaded(tmp_path: Path) -> None:
+    # A hub model's config is unknown at validate time; after loading, its positions are.
+    from gspo_cli.errors import GspoError
+    from gspo_cli.models import create_builtin
+    from gspo_cli.train.setup import load_recipe_model
+
+    model, tokenizer = create_builtin("tiny-dense", seed=0)
+    model.config.max_position_embeddings = 128
+    model.save_pretrained(tmp_path / "small")
+    tokenizer.save_pretrained(tmp_path / "small")
+    recipe = Recipe.model_validate(
+        {"model": {"path": str(tmp_path / "small")}, "rollout": {"max_new_tokens": 64}}
+    )  # schema only: the loader's bounds never ran
+    with pytest.raises(GspoError, match="256 \\+ 64 = 320 is past the 128 positions"):
+        load_recipe_model(recipe)
