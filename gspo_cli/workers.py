@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import sys
+from concurrent.futures import ProcessPoolExecutor
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -56,3 +57,11 @@ def die_with_parent_argv() -> list[str]:
     `setpriv --pdeathsig`, which survives exec); [] where setpriv is missing."""
     setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
     return [] if setpriv is None else [setpriv, "--pdeathsig", "KILL", "--"]
+
+
+def kill_pool(pool: ProcessPoolExecutor) -> None:
+    """End a pool now, busy workers included: a hung task ignores `shutdown`, so its worker is
+    killed first (the pool's own `_processes`; no public handle exists)."""
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        proc.kill()
+    pool.shutdown(wait=False, cancel_futures=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 from gspo_cli.rewards.extract import last_boxed
 from gspo_cli.rewards.registry import REWARDS
-from gspo_cli.workers import pool_worker_init
+from gspo_cli.workers import kill_pool, pool_worker_init
 
 # The outer deadline allows Math-Verify's own parse + verify timeouts to fire first.
 OUTER_DEADLINE_FACTOR = 3.0
@@ -118,9 +118,7 @@ class MathVerifierPool:
 
     def _restart(self) -> None:
         if self._pool is not None:
-            for proc in list(getattr(self._pool, "_processes", {}).values()):
-                proc.kill()  # a hung worker ignores shutdown
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            kill_pool(self._pool)  # a hung call ignores shutdown
             self._pool = None
 
     def close(self) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gspo_cli.rewards.contract import RewardFailure, RewardTimeout, describe_exception
-from gspo_cli.workers import pool_worker_init
+from gspo_cli.workers import kill_pool, pool_worker_init
 
 
 @dataclass(frozen=True)
@@ -100,9 +100,7 @@ class RewardWorker:
 
     def _kill(self) -> None:
         if self._pool is not None:
-            for proc in list((getattr(self._pool, "_processes", None) or {}).values()):
-                proc.kill()  # a hung call ignores shutdown
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            kill_pool(self._pool)  # a hung call ignores shutdown
             self._pool = None
 
     def close(self) -> None:
