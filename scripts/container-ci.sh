@@ -75,7 +75,7 @@ finish() {
     local rc=$?
     # A killed or timed-out run leaves no test container behind (pytest is the container's pid 1
     # and ignores a forwarded SIGTERM).
-    if command -v podman >/dev/null 2>&1 && podman container exists "$TEST_CONTAINER" 2>/dev/null; then
+    if type -P podman >/dev/null && podman container exists "$TEST_CONTAINER" 2>/dev/null; then
         podman rm -f -t 0 "$TEST_CONTAINER" >/dev/null 2>&1 || true
     fi
     if [ "$rc" != 0 ]; then
@@ -111,9 +111,11 @@ elif python3 -m pip --version >/dev/null 2>&1; then
     PIP=(python3 -m pip)
 fi
 need=()
+# type -P, not command -v: podman and make are shell functions here (above), which command -v
+# would report as present when the programs are missing.
 for tool in podman:podman buildah:buildah runc:runc debootstrap:debootstrap iptables:iptables \
     make:make; do
-    command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool#*:}")
+    type -P "${tool%%:*}" >/dev/null || need+=("${tool#*:}")
 done
 [ -d /usr/lib/cni ] || [ -x /usr/lib/podman/netavark ] || need+=(containernetworking-plugins)
 ((${#PIP[@]})) || need+=(python3-pip)
