@@ -1,5 +1,7 @@
 """The algorithm core: pure torch functions, no transformers, no recipe objects, no I/O."""
 
+# Registers LUSPO, SAPO, GMPO and CISPO in POLICY_LOSSES: imported for that side effect.
+from gspo_cli.algorithms import successors  # noqa: F401
 from gspo_cli.algorithms.advantages import ADVANTAGE_STD_EPS, group_advantages, zero_signal_groups
 from gspo_cli.algorithms.aggregation import (
     DEFAULT_LOSS_AGG,
@@ -17,6 +19,8 @@ from gspo_cli.algorithms.losses import (
     LOG_RATIO_CLAMP,
     PAPER_CLIP,
     POLICY_LOSSES,
+    LossOptions,
+    resolve_loss_agg,
     sequence_log_ratio,
 )
 from gspo_cli.algorithms.policy import compute_policy_loss
@@ -30,11 +34,13 @@ __all__ = [
     "POLICY_LOSSES",
     "ROLLOUT_CORRECTIONS",
     "Correction",
+    "LossOptions",
     "aggregate",
     "compute_policy_loss",
     "group_advantages",
     "loss_normalizer",
     "mismatch_metrics",
+    "resolve_loss_agg",
     "rollout_correction",
     "sequence_log_ratio",
     "zero_signal_groups",

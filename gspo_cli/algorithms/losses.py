@@ -1,16 +1,19 @@
 """Policy losses: GSPO (Eq. 5, 7), GSPO-token (Eq. 13, 14) and GRPO (Eq. 2).
 
+Its successors (LUSPO, SAPO, GMPO, CISPO) live in `successors.py`, in the same registry.
+
 Every loss maps `[B, T]` log-probs to a per-token loss `[B, T]` (to minimise) plus the ratio
 each token's clip decision was taken on. `compute_policy_loss` aggregates and adds metrics.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 import torch
 
+from gspo_cli.algorithms.aggregation import DEFAULT_LOSS_AGG, LOSS_AGGREGATIONS
 from gspo_cli.registry import Registry
 
 # Log-ratios are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exp: a stale or corrupted
@@ -22,26 +25,82 @@ LOG_RATIO_CLAMP = 20.0
 class TokenLoss(NamedTuple):
     loss: torch.Tensor  # [B, T] per-token loss to minimise (masked positions are ignored later)
     ratio: torch.Tensor  # [B, T] the ratio each token's clip decision used (no grad needed)
+    # [B, T] +1 where the upper bound changed the token's gradient, -1 the lower, 0 neither.
+    # None: the PPO rule on `ratio` (above 1+eps_high with A > 0, below 1-eps_low with A < 0).
+    clipped: torch.Tensor | None = None
 
 
-PolicyLoss = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, float], TokenLoss
-]
+@dataclass(frozen=True)
+class LossOptions:
+    """Knobs a loss needs beyond the clip range; each loss reads only its own."""
+
+    sapo_tau_pos: float = 1.0  # SAPO gate temperature for A > 0 (arXiv 2511.20347)
+    sapo_tau_neg: float = 1.05  # ... for A <= 0: negative-advantage tokens decay faster
+
+
+DEFAULT_LOSS_OPTIONS = LossOptions()
+
+
+class PolicyLoss(Protocol):
+    def __call__(
+        self,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        clip_low: float,
+        clip_high: float,
+        /,
+        *,
+        options: LossOptions,
+    ) -> TokenLoss: ...
+
 
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("algorithm")
 
 # The papers' clip ranges (eps_low, eps_high), used when a recipe leaves them unset:
 # GSPO section 5.1 (3e-4 / 4e-4, sequence ratios sit close to 1); GRPO with DAPO's clip-higher.
+# Successors (see successors.py): LUSPO section 4 (2e-3 / 2.5e-3); GMPO Table 5, 0.4 each way
+# in LOG space; CISPO: eps_low 1 is "no lower bound" (r > 0), eps_high 0.2 as verl's example
+# (the paper gives none); SAPO has no hard clip: its loss ignores the pair (clip fractions
+# read 0), which only sets the window of the engine-mismatch metric.
 PAPER_CLIP: dict[str, tuple[float, float]] = {
     "gspo": (3e-4, 4e-4),
     "gspo_token": (3e-4, 4e-4),
     "grpo": (0.2, 0.27),
+    "luspo": (2e-3, 2.5e-3),
+    "sapo": (0.2, 0.2),
+    "gmpo": (0.4, 0.4),
+    "cispo": (1.0, 0.2),
 }
+
+# Aggregations other than the default that a paper uses: CISPO normalises by all tokens (Eq. 4).
+PAPER_LOSS_AGG: dict[str, str] = {"cispo": "token_mean"}
+
+# Losses that make sense under one aggregation only: LUSPO's |y_i| factor is written for
+# seq_mean_token_mean; token_mean or a token sum would weigh each sequence by |y_i|^2.
+ONLY_LOSS_AGG: dict[str, str] = {"luspo": "seq_mean_token_mean"}
 
 # Losses whose importance ratio is one length-normalised ratio per sequence (no token ratio):
 # pi_old may come from the rollout engine's likelihoods (GSPO section 5.4). GSPO-token keeps a
-# per-token ratio and GRPO is token-level, so both need the trainer's own pi_old.
-SEQUENCE_RATIO_LOSSES = frozenset({"gspo"})
+# per-token ratio and GRPO is token-level, so both need the trainer's own pi_old. LUSPO's ratio
+# is GSPO's; GMPO's per-token clip makes its ratio token-level.
+SEQUENCE_RATIO_LOSSES = frozenset({"gspo", "luspo"})
+
+
+def resolve_loss_agg(algorithm: str, loss_agg: str | None) -> str:
+    """The aggregation `algorithm` runs with: `loss_agg`, or its paper's when None.
+
+    Raises UnknownNameError for an unregistered aggregation and ValueError for one the
+    algorithm does not support.
+    """
+    only = ONLY_LOSS_AGG.get(algorithm)
+    paper = only or PAPER_LOSS_AGG.get(algorithm, DEFAULT_LOSS_AGG)
+    agg = paper if loss_agg is None else loss_agg
+    LOSS_AGGREGATIONS.get(agg)  # an unknown name raises, listing the known ones
+    if only is not None and agg != only:
+        raise ValueError(f"{algorithm} supports loss_agg {only} only (its paper's), not {agg}")
+    return agg
 
 
 def _clipped_objective(
@@ -68,6 +127,8 @@ def gspo_loss(
     mask: torch.Tensor,
     clip_low: float,
     clip_high: float,
+    *,
+    options: LossOptions = DEFAULT_LOSS_OPTIONS,  # no knobs of its own
 ) -> TokenLoss:
     """GSPO, Eq. 5 and 7: one length-normalised sequence ratio and one clip per response.
 
@@ -92,6 +153,8 @@ def gspo_token_loss(
     mask: torch.Tensor,
     clip_low: float,
     clip_high: float,
+    *,
+    options: LossOptions = DEFAULT_LOSS_OPTIONS,  # no knobs of its own
 ) -> TokenLoss:
     """GSPO-token, Eq. 13 and 14: s_it = sg[s_i] * pi(y_it) / sg[pi(y_it)], per-token advantages."""
     log_s = sequence_log_ratio(logprobs, old_logprobs, mask).detach()  # [B]
@@ -112,6 +175,8 @@ def grpo_loss(
     mask: torch.Tensor,
     clip_low: float,
     clip_high: float,
+    *,
+    options: LossOptions = DEFAULT_LOSS_OPTIONS,  # no knobs of its own
 ) -> TokenLoss:
     """GRPO, Eq. 2: a ratio w_it and a clip per token."""
     log_w = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # [B, T]

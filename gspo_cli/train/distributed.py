@@ -53,6 +53,14 @@ class DistContext:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return float(tensor.item())
 
+    def all_gather(self, value: Any) -> list[Any]:
+        """Every rank's (picklable) `value`, in rank order; `[value]` in one process."""
+        if not self.active:
+            return [value]
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, value)
+        return gathered
+
     def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         """Means of means, min of mins, max of maxes, sums of counts; throughput summed."""
         if not self.active:

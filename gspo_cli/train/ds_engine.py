@@ -29,7 +29,7 @@ from gspo_cli.train.engine import (
     optimizer_steps,
     set_schedule_peak,
 )
-from gspo_cli.train.logprobs import response_logprobs
+from gspo_cli.train.logprobs import EntropyMode, response_logprobs
 
 # Keys the recipe owns; a user's JSON may repeat them only with the same value.
 RECIPE_OWNED = (
@@ -117,7 +117,7 @@ class DeepSpeedEngine:
         return self.zero_stage == 0
 
     def logprobs(
-        self, batch: TrainBatch, temperature: float, entropy: bool = False
+        self, batch: TrainBatch, temperature: float, entropy: EntropyMode = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return response_logprobs(self.ds, batch.to(self.ds.device), temperature, entropy)
 

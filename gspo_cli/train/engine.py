@@ -20,7 +20,7 @@ from gspo_cli.recipe.schema import OptimizerConfig, Recipe
 from gspo_cli.registry import Registry
 from gspo_cli.train.batch import TrainBatch
 from gspo_cli.train.distributed import DistContext
-from gspo_cli.train.logprobs import prompts_shared, response_logprobs
+from gspo_cli.train.logprobs import EntropyMode, prompts_shared, response_logprobs
 from gspo_cli.train.schedule import lr_lambda
 
 
@@ -35,9 +35,10 @@ class TrainEngine(Protocol):
         ...
 
     def logprobs(
-        self, batch: TrainBatch, temperature: float, entropy: bool = False
+        self, batch: TrainBatch, temperature: float, entropy: EntropyMode = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`[n, T]` response log-probs (with grad) and, when asked, entropy (no grad)."""
+        """`[n, T]` response log-probs (with grad) and, when asked, entropy (with grad where
+        `entropy` is "grad", see logprobs.EntropyMode)."""
         ...
 
     def shares_prompts(self, batch: TrainBatch) -> bool:
@@ -96,7 +97,7 @@ class LogprobModel(Protocol):
     """Anything that scores responses: a training engine or a frozen reference policy."""
 
     def logprobs(
-        self, batch: TrainBatch, temperature: float, entropy: bool = False
+        self, batch: TrainBatch, temperature: float, entropy: EntropyMode = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
 
@@ -108,7 +109,7 @@ class FrozenPolicy:
         self.share_prompts = share_prompts
 
     def logprobs(
-        self, batch: TrainBatch, temperature: float, entropy: bool = False
+        self, batch: TrainBatch, temperature: float, entropy: EntropyMode = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         device = next(self.model.parameters()).device
         return response_logprobs(
@@ -163,7 +164,7 @@ class TorchEngine:
         )
 
     def logprobs(
-        self, batch: TrainBatch, temperature: float, entropy: bool = False
+        self, batch: TrainBatch, temperature: float, entropy: EntropyMode = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         device = next(self.model.parameters()).device
         return response_logprobs(

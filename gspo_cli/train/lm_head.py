@@ -57,10 +57,12 @@ def _row_tiles(rows: int, vocab: int) -> list[slice]:
 
 
 class TokenLogprobs(torch.autograd.Function):
-    """log softmax(scale * h W^T)[y] `[M]` for M tokens, and their entropy `[M]` (no grad; empty
-    when not asked). Of the `[M, V]` size it saves the logits alone (with h, W, y and the
-    logsumexp); a second backward through it is refused by autograd (the logits are
-    overwritten by their gradient). Under `no_grad` nothing is kept: no graph holds them."""
+    """log softmax(scale * h W^T)[y] `[M]` for M tokens, and their entropy `[M]` (empty when not
+    asked; differentiable: an entropy bonus's gradient, d H / d z = -p (log p + H), costs the
+    backward one more `[rows, V]` tile only when the entropy is used). Of the `[M, V]` size it
+    saves the logits alone (with h, W, y, the logsumexp and the entropy); a second backward
+    through it is refused by autograd (the logits are overwritten by their gradient). Under
+    `no_grad` nothing is kept: no graph holds them."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -84,19 +86,28 @@ class TokenLogprobs(torch.autograd.Function):
                 ent[rows] = lse[rows] - (p * z).sum(dim=-1)
         chosen = logits.gather(1, targets[:, None])[:, 0]  # [M]
         ctx.scale = scale
-        ctx.mark_non_differentiable(ent)
-        ctx.save_for_backward(hidden, weight, targets, logits, lse)
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
+        ctx.save_for_backward(hidden, weight, targets, logits, lse, ent)
         return chosen - lse, ent
 
     @staticmethod
     def backward(  # type: ignore[override]
-        ctx: Any, grad_logprobs: torch.Tensor, _grad_entropy: torch.Tensor
+        ctx: Any, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
-        hidden, weight, targets, logits, lse = ctx.saved_tensors
-        grad = logits  # [M, V], overwritten in place: d logprob / d z = onehot(y) - softmax(z)
-        g = grad_logprobs * ctx.scale  # [M]
+        hidden, weight, targets, logits, lse, ent = ctx.saved_tensors
+        grad = logits  # [M, V], overwritten in place by d loss / d z
+        if grad_logprobs is None:
+            grad_logprobs = lse.new_zeros(lse.shape)
+        g = grad_logprobs * ctx.scale  # [M]; d logprob / d z = onehot(y) - p
+        g_ent = None if grad_entropy is None else grad_entropy * ctx.scale  # [M]
         for rows in _row_tiles(*grad.shape):
-            grad[rows].sub_(lse[rows, None]).exp_().mul_(-g[rows, None])
+            log_p = grad[rows].sub_(lse[rows, None])  # [r, V], in place
+            if g_ent is None:
+                log_p.exp_().mul_(-g[rows, None])
+                continue
+            p = log_p.exp()  # [r, V]: -p (g + g_ent (log p + H))
+            log_p.add_(ent[rows, None]).mul_(g_ent[rows, None]).add_(g[rows, None])
+            log_p.mul_(p).neg_()
         grad[torch.arange(grad.shape[0], device=grad.device), targets] += g
         grad_in = grad.to(weight.dtype)  # [M, V]
         grad_hidden = grad_in @ weight if ctx.needs_input_grad[0] else None  # [M, H]

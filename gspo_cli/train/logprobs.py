@@ -1,6 +1,9 @@
-"""Per-token log-probs (and, where a metric reads it, entropy) of response tokens."""
+"""Per-token log-probs (and, where a metric or the entropy bonus reads it, entropy) of response
+tokens."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 from transformers import PreTrainedModel
@@ -11,25 +14,32 @@ from gspo_cli.train.shared_prompts import can_share_prompts
 
 ENTROPY_CHUNK_ROWS = 8  # rows per no-grad entropy pass: bounds its [rows, T, V] temporaries
 
+# What `entropy` asks for: False none, True the metric (no grad needed), "grad" the entropy with
+# its gradient (the entropy bonus, `algorithm.entropy_coef`).
+EntropyMode = bool | Literal["grad"]
+
 
 def response_logprobs(
     model: PreTrainedModel,
     batch: TrainBatch,
     temperature: float,
-    entropy: bool = False,
+    entropy: EntropyMode = False,
     share_prompts: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(y_t | x, y_<t) `[n, T]` at the sampling temperature, and the entropy `[n, T]`
-    when asked (a metric: computed without grad, in chunks of rows), else None.
+    when asked, else None.
 
     A plain linear LM head (most causal LMs) is applied by `lm_head.head_logprobs`: response
     tokens only, one `[tokens, V]` tensor in all; with `share_prompts`, each distinct prompt
-    runs once (dense models, shared_prompts.py). Other models give their own logits, never
-    beyond the last prompt position; the log-probs are the chosen logit minus the logsumexp.
+    runs once (dense models, shared_prompts.py). Its entropy always carries a gradient (paid
+    for in the backward only when used). Other models give their own logits, never beyond
+    the last prompt position; the log-probs are the chosen logit minus the logsumexp, and the
+    entropy is a metric computed without grad in chunks of rows, or, for "grad", on the
+    whole `[n, T, V]` with grad.
     """
     head = plain_linear_head(model)
     if head is not None:
-        return head_logprobs(model, head, batch, temperature, entropy, share_prompts)
+        return head_logprobs(model, head, batch, temperature, bool(entropy), share_prompts)
     outputs = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -46,6 +56,9 @@ def response_logprobs(
     token_logprobs = chosen - torch.logsumexp(logits, dim=-1)  # [n, T]
     if not entropy:
         return token_logprobs, None
+    if entropy == "grad":
+        log_p = torch.log_softmax(logits, dim=-1)  # [n, T, V]
+        return token_logprobs, -(log_p.exp() * log_p).sum(dim=-1)  # [n, T]
     with torch.no_grad():
         parts = []
         for rows in logits.detach().split(ENTROPY_CHUNK_ROWS):  # each [r, T, V]

@@ -34,10 +34,12 @@ from gspo_cli.train.checkpoint import (
     set_rng_state,
 )
 from gspo_cli.train.console import TrainingDisplay
+from gspo_cli.train.dynamic_sampling import Sampling, collect_step, short_notice
 from gspo_cli.train.engine import UpdateFailed
 from gspo_cli.train.guard import Decision, Guard, resume_advice, rollback_target
 from gspo_cli.train.heldout import heldout_accuracy
 from gspo_cli.train.prepare import PreparedRun, prepare_run
+from gspo_cli.train.reference import refresh, restore_reference
 from gspo_cli.train.run_log import RunLog
 from gspo_cli.train.setup import (
     Problems,
@@ -52,7 +54,7 @@ from gspo_cli.train.setup import (
     run_cold_start,
 )
 from gspo_cli.train.signals import stop_on_signals
-from gspo_cli.train.step import rl_step
+from gspo_cli.train.step import train_groups
 
 
 @dataclass
@@ -136,6 +138,9 @@ def run_loop(run: PreparedRun) -> TrainResult:
                 result.heldout[step] = metrics["heldout_accuracy"] = _evaluate(run, step)
             for line in guard.notices(step, metrics):
                 display.note(line)
+            short = short_notice(step, metrics, recipe.rollout.dynamic_sampling_max_rounds)
+            if short is not None:  # trained on fewer groups than a full batch: say so
+                display.note(short)
             decision = guard.after_step(step, metrics, recipe.algorithm.minibatches)
             run.log.metrics(step, metrics)
             g = recipe.rollout.group_size
@@ -159,29 +164,34 @@ def run_loop(run: PreparedRun) -> TrainResult:
 
 
 def _one_step(run: PreparedRun, step: int) -> tuple[Any, dict[str, float]]:
-    """One RL step on this rank's share of the prompts. After a rollback the sampling seeds
-    are fresh (`run.rollbacks` enters them), so the retried steps draw other samples."""
+    """One RL step on this rank's share of the prompts: collection (with dynamic sampling's
+    rounds, train/dynamic_sampling.py), then training. After a rollback the sampling seeds are
+    fresh (`run.rollbacks` enters them), so the retried steps draw other samples."""
     recipe, ctx = run.recipe, run.ctx
     step_seed = _seed(recipe.trainer.seed, step, run.rollbacks)
-    q_local = recipe.rollout.num_prompts // ctx.world
-    index = run.sampler.next(recipe.rollout.num_prompts)  # the same on every rank
-    mine = range(ctx.rank * q_local, (ctx.rank + 1) * q_local)
-    per_prompt_seeds = recipe.rollout.seed_per_prompt or ctx.world > 1
-    output = rl_step(
-        run.engine,
+    collected = collect_step(
         run.rollout_engine,
         run.reward,
-        [run.train_set.prompts[index[i]] for i in mine],
-        [run.train_set.rows[index[i]] for i in mine],
+        run.sampler,
+        (run.train_set.prompts, run.train_set.rows),
+        run.settings,
+        Sampling.of(recipe, ctx.world),
+        step_seed,
+        ctx,
+    )
+    output = train_groups(
+        run.engine,
+        collected.scored,
         run.settings,
         step_seed,
         run.ref_engine,
-        seeds=[step_seed * 7919 + i for i in mine] if per_prompt_seeds else None,
         ctx=ctx,
-        group_offset=mine.start,
+        group_offset=collected.group_offset,
     )
-    output.index = index
-    return output, {**output.metrics, "peak_memory_mb": peak_memory_mb(run.device)}
+    output.index = collected.index
+    refresh(run.ref_engine, recipe.algorithm.ref_update_every, step, run.engine)  # KL reference
+    metrics = {**output.metrics, **collected.metrics}
+    return output, {**metrics, "peak_memory_mb": peak_memory_mb(run.device)}
 
 
 def _seed(seed: int, step: int, rollbacks: int) -> int:
@@ -244,6 +254,8 @@ def _restore(run: PreparedRun, folder: Path, result: TrainResult) -> int:
     run.sampler.load_state_dict(state["sampler"])
     set_rng_state(state["rng"])
     restored = int(state["step"])
+    every = run.recipe.algorithm.ref_update_every
+    restore_reference(run.ref_engine, every, folder, restored, run.engine)
     # Unseeded sampling draws from the global RNG just restored: without a new seed the
     # retried steps would replay the same rollouts.
     torch.manual_seed(_seed(run.recipe.trainer.seed, restored, run.rollbacks))

@@ -17,6 +17,7 @@ TOKEN_WEIGHTED = frozenset(
         "token_ratio_mean",
         "entropy",
         "entropy_before",
+        "entropy_bonus",
         "kl",
         "mismatch_token_abs_mean",
         "correction_masked_token_frac",

@@ -53,11 +53,15 @@ def resolve_engine_logprobs(
     top_p: float,
     top_k: int,
     routing_replay: str,
+    kl_in_reward: bool = False,
 ) -> EngineLogprobs:
     """`rollout.use_engine_logprobs` as a step runs it: True, False, or "auto" (the gated
-    mode) where `auto` can apply; `auto` elsewhere recomputes (False)."""
+    mode) where `auto` can apply; `auto` elsewhere recomputes (False). A KL in the reward
+    reads pi_old of every row before advantages, earlier than `auto`'s check can run."""
     if setting != "auto":
         return setting
+    if kl_in_reward:
+        return False
     exact = top_p == 1 and top_k == 0  # top-p/top-k log-probs are renormalised: not pi_old's
     applies = (
         algorithm in SEQUENCE_RATIO_LOSSES

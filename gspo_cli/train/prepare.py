@@ -34,6 +34,7 @@ from gspo_cli.train.distributed import (
 from gspo_cli.train.engine import FrozenPolicy, TrainEngine, make_engine
 from gspo_cli.train.guard import rollback_target
 from gspo_cli.train.old_policy import EngineLogprobs, resolve_engine_logprobs
+from gspo_cli.train.reference import reference_state, restore_reference
 from gspo_cli.train.resume import Resumed, resume_changes, resume_from_checkpoint
 from gspo_cli.train.rewards import RewardModel
 from gspo_cli.train.run_log import RunLog, start_wandb
@@ -89,6 +90,7 @@ class PreparedRun:
             "rollbacks": self.rollbacks,
             "lr_scale": self.lr_scale,
             "recipe_lr": self.recipe.optimizer.lr,  # a resume that changes it drops lr_scale
+            **reference_state(self.ref_engine, self.recipe.algorithm.ref_update_every, step),
         }
         trainer = self.recipe.trainer
         return save_checkpoint(
@@ -170,6 +172,9 @@ def prepare_run(
     resumed = Resumed()
     if resume:
         resumed = resume_from_checkpoint(run_dir, recipe, engine, sampler, log, ctx, console)
+        folder = run_dir / CHECKPOINTS / step_folder(resumed.step)
+        every = recipe.algorithm.ref_update_every
+        restore_reference(ref_engine, every, folder, resumed.step, engine)
     else:
         torch.manual_seed(recipe.trainer.seed)
     settings = StepSettings(
@@ -180,6 +185,8 @@ def prepare_run(
         int(tokenizer.pad_token_id),
         recipe.trainer.max_tokens_per_micro_batch,
         recipe.trainer.skip_zero_advantage,
+        overlong_buffer=recipe.reward.overlong_buffer,
+        overlong_penalty=recipe.reward.overlong_penalty,
     )
     return PreparedRun(
         recipe, ctx, device, run_dir, console, tokenizer, train_set, eval_problems, engine,
@@ -197,6 +204,7 @@ def engine_logprobs_mode(recipe: Recipe) -> EngineLogprobs:
         top_p=recipe.rollout.top_p,
         top_k=recipe.rollout.top_k,
         routing_replay=recipe.algorithm.routing_replay,
+        kl_in_reward=recipe.algorithm.kl_coef > 0 and recipe.algorithm.kl_in == "reward",
     )
 
 

@@ -5,26 +5,33 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 
 from gspo_cli.algorithms import (
+    LossOptions,
     compute_policy_loss,
     group_advantages,
     loss_normalizer,
     mismatch_metrics,
+    resolve_loss_agg,
 )
 from gspo_cli.algorithms.advantages import zero_signal_groups
+from gspo_cli.algorithms.kl import kl_reward_advantages
+from gspo_cli.algorithms.overlong import overlong_penalty
 from gspo_cli.recipe.schema import AlgorithmConfig
 from gspo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
-from gspo_cli.train.batch import build_train_batch
+from gspo_cli.train.batch import TrainBatch, build_train_batch
 from gspo_cli.train.distributed import LOCAL, DistContext
 from gspo_cli.train.engine import LogprobModel, TrainEngine
+from gspo_cli.train.logprobs import EntropyMode
 from gspo_cli.train.metric_rules import combine
 from gspo_cli.train.micro import StepPlan, plan_step, rows_with_signal
 from gspo_cli.train.old_policy import (
     EngineLogprobs,
+    OldPolicy,
     PiOldInputs,
     check_first_forward,
     engine_logprobs_of,
@@ -33,6 +40,7 @@ from gspo_cli.train.old_policy import (
 )
 from gspo_cli.train.replay import PROBE_ROWS, StepRouting
 from gspo_cli.train.rewards import RewardModel
+from gspo_cli.train.scored import ScoredGroups
 
 
 @dataclass
@@ -44,13 +52,27 @@ class StepSettings:
     pad_id: int
     max_tokens_per_micro_batch: int = 0  # padded tokens per forward/backward; 0 = no budget
     skip_zero_advantage: bool = True
+    overlong_buffer: int = 0  # DAPO's L_cache (reward.overlong_buffer); 0 = no length penalty
+    overlong_penalty: float = 1.0  # the penalty at max_new_tokens (reward.overlong_penalty)
 
     @property
     def skips_zero_advantage(self) -> bool:
-        """Only where every gradient term is a multiple of the advantage: no KL to a reference
-        and no router aux loss (both still need the zero-advantage rows)."""
+        """Only where every gradient term is a multiple of the advantage: a KL in the loss, an
+        entropy bonus and a router aux loss all still need the zero-advantage rows; a KL in the
+        reward only changes the advantages (docs/options/kl-and-entropy.md)."""
         algo = self.algorithm
-        return self.skip_zero_advantage and algo.kl_coef == 0 and algo.router_aux_coef == 0
+        kl_in_loss = algo.kl_coef != 0 and algo.kl_in == "loss"
+        extra_terms = kl_in_loss or algo.entropy_coef != 0 or algo.router_aux_coef != 0
+        return self.skip_zero_advantage and not extra_terms
+
+    @property
+    def kl_in_reward(self) -> bool:
+        return self.algorithm.kl_coef != 0 and self.algorithm.kl_in == "reward"
+
+    @property
+    def entropy_mode(self) -> EntropyMode:
+        """The entropy a training forward returns: with grad for the entropy bonus."""
+        return "grad" if self.algorithm.entropy_coef != 0 else True
 
 
 @dataclass
@@ -100,7 +122,7 @@ def _micro_batch_loss(
     tokens = mask.sum().clamp(min=1)
     if first_update:  # nothing updated yet: pi must equal pi_old
         if entropy is not None:
-            parts["entropy_before"].append(float((entropy * mask).sum() / tokens))
+            parts["entropy_before"].append(float((entropy.detach() * mask).sum() / tokens))
         parts["first_ratio_gap_max"].append(float(((logprobs.detach() - old) * mask).abs().max()))
         if old_from_engine:
             _mismatch(parts, logprobs, old, mask, algo)
@@ -115,11 +137,15 @@ def _micro_batch_loss(
         loss_agg=algo.loss_agg,
         normalizer=norm,
         ref_logprobs=None if ref_lp is None else ref_lp[index, :width].to(device),
-        kl_coef=algo.kl_coef,
+        kl_coef=0.0 if settings.kl_in_reward else algo.kl_coef,
+        kl_estimator=algo.kl_estimator,
+        entropy=entropy,
+        entropy_coef=algo.entropy_coef,
         token_weights=None if weights is None else weights[index, :width].to(device),
+        options=LossOptions(sapo_tau_pos=algo.sapo_tau_pos, sapo_tau_neg=algo.sapo_tau_neg),
     )
     if entropy is not None:
-        parts["entropy"].append(float((entropy * mask).sum() / tokens))
+        parts["entropy"].append(float((entropy.detach() * mask).sum() / tokens))
     parts["response_tokens"].append(float(mask.sum()))
     for key, value in metrics.items():
         parts[key].append(value)
@@ -164,37 +190,107 @@ def rl_step(
     ctx: DistContext = LOCAL,
     group_offset: int = 0,
 ) -> StepOutput:
-    """One RL step on this rank's prompts (whole groups); losses use global normalisers."""
-    algo, params = settings.algorithm, settings.sampling
-    g = params.num_samples
+    """One RL step on this rank's prompts (whole groups): collection, then training."""
+    scored = collect_groups(rollout_engine, reward, prompts, rows, settings, seeds, sync=True)
+    return train_groups(
+        engine, scored, settings, step_seed, ref_engine, ctx=ctx, group_offset=group_offset
+    )
+
+
+def collect_groups(
+    rollout_engine: RolloutEngine,
+    reward: RewardModel,
+    prompts: list[list[int]],
+    rows: list[dict[str, Any]],
+    settings: StepSettings,
+    seeds: list[int] | None = None,
+    *,
+    sync: bool = True,
+) -> ScoredGroups:
+    """The collection phase: G responses per prompt, scored, with DAPO's overlong penalty
+    added here (dynamic sampling filters on the reward the advantages will see). `sync`: make
+    the engine take the trainer's weights first (once per step; its time counts as rollout)."""
+    params = settings.sampling
     t0 = time.perf_counter()
-    rollout_engine.sync_weights()
+    if sync:
+        rollout_engine.sync_weights()
     rollout = rollout_engine.generate(prompts, params, seeds)
     t_rollout = time.perf_counter()
-    rewards, correct, reward_metrics = reward(
-        rollout.texts, [row for row in rows for _ in range(g)], rollout.completion_ids
+    scores = reward(
+        rollout.texts,
+        [row for row in rows for _ in range(params.num_samples)],
+        rollout.completion_ids,
     )
-    t_reward = time.perf_counter()
+    lengths = torch.tensor([len(c) for c in rollout.completion_ids])  # [N]
+    overlong = overlong_penalty(
+        lengths, params.max_new_tokens, settings.overlong_buffer, settings.overlong_penalty
+    ).tolist()  # [N], all 0.0 when off
+    rewards = [r + p for r, p in zip(scores.totals, overlong, strict=True)]
+    return ScoredGroups(
+        rollout, rewards, scores.correct, overlong, [True] * len(prompts), scores.metrics,
+        t_rollout - t0, time.perf_counter() - t_rollout,
+    )  # fmt: skip
 
-    reward_t = torch.tensor(rewards, dtype=torch.float32)  # [N]
-    advantages = group_advantages(reward_t, g, scale=algo.scale_advantages)  # [N]
+
+@dataclass
+class _Prepared:
+    """What the updates of a step read, built once before them."""
+
+    batch: TrainBatch
+    splits: list[torch.Tensor]  # row indices of each minibatch
+    plan: StepPlan
+    routing: StepRouting
+    inputs: PiOldInputs
+    in_loss: torch.Tensor  # [N] bool: rows in the loss and its normalisers
+    advantages: torch.Tensor  # [N]
+    ref_lp: torch.Tensor | None = None  # [N, T] the reference policy's (KL penalty)
+    kl_metrics: dict[str, float] = field(default_factory=dict)  # KL in the reward
+    old: OldPolicy = field(init=False)
+    loss_mask: torch.Tensor = field(init=False)  # [N, T] pi_old's mask, rows out of the loss 0
+
+    def set_old(self, old: OldPolicy) -> None:
+        self.old = old
+        self.loss_mask = old.loss_mask * self.in_loss.unsqueeze(1).to(old.loss_mask.dtype)
+
+
+def _prepare(
+    engine: TrainEngine,
+    scored: ScoredGroups,
+    advantages: torch.Tensor,
+    settings: StepSettings,
+    step_seed: int,
+    ref_engine: LogprobModel | None,
+    ctx: DistContext,
+    group_offset: int,
+) -> _Prepared:
+    """Batch, minibatches, micro-batch plan, pi_old and reference log-probs of a step."""
+    algo, params = settings.algorithm, settings.sampling
+    g, rollout = params.num_samples, scored.rollout
     batch = build_train_batch(rollout, settings.pad_id)
     n = batch.input_ids.shape[0]
     if ctx.world > 1 and g % algo.minibatches:
         raise ValueError("with several processes, algorithm.minibatches must divide group_size")
-    splits = minibatch_split(len(prompts), g, algo.minibatches, step_seed, group_offset)
-    plan = plan_step(
+    splits = minibatch_split(n // g, g, algo.minibatches, step_seed, group_offset)
+    in_loss = scored.loss_rows(algo.mask_truncated)  # [N]
+    plan_for = partial(
+        plan_step,
         batch.attention_mask[:, : batch.prompt_width].sum(dim=1),  # [N] prompt lengths
         batch.response_mask.sum(dim=1),  # [N] response lengths
         splits,
-        rows_with_signal(advantages, settings.skips_zero_advantage),
-        (settings.micro_batch_size or n // algo.minibatches, settings.max_tokens_per_micro_batch),
-        ctx,
-        # the engine's log-probs are compared with (or corrected by) pi_old of every row
-        forward_all=rollout.completion_logprobs is not None
-        and settings.use_engine_logprobs is False,
+        caps=(
+            settings.micro_batch_size or n // algo.minibatches,
+            settings.max_tokens_per_micro_batch,
+        ),
+        ctx=ctx,
+        # the engine's log-probs are compared with (or corrected by) pi_old of every row, and a
+        # KL in the reward reads pi_old and the reference of every row
+        forward_all=(
+            rollout.completion_logprobs is not None and settings.use_engine_logprobs is False
+        )
+        or settings.kl_in_reward,
         prompts=torch.arange(n) // g if engine.shares_prompts(batch) else None,  # [N] groups
     )
+    plan = plan_for(rows_with_signal(advantages, settings.skips_zero_advantage) & in_loss)
     temperature = params.temperature
     routing = StepRouting(
         engine.model, algo.routing_replay, n, rollout.routed_experts, algo.router_aux_coef
@@ -202,31 +298,95 @@ def rl_step(
     inputs = PiOldInputs(
         engine, batch, plan.forward, temperature, routing, ctx, engine_logprobs_of(rollout, batch)
     )
-    old = pi_old(inputs, algo, settings.use_engine_logprobs)
-    old_lp, weights, loss_mask = old.logprobs, old.weights, old.loss_mask
-    ref_lp = forward_no_grad(ref_engine, batch, plan.forward, temperature) if ref_engine else None
+    prepared = _Prepared(batch, splits, plan, routing, inputs, in_loss, advantages)
+    prepared.set_old(pi_old(inputs, algo, settings.use_engine_logprobs))
+    if ref_engine is not None:
+        prepared.ref_lp = forward_no_grad(ref_engine, batch, plan.forward, temperature)
+    if settings.kl_in_reward and prepared.ref_lp is not None:  # new advantages: plan again
+        prepared.advantages, prepared.kl_metrics = kl_reward_advantages(
+            torch.tensor(scored.rewards, dtype=torch.float32), prepared.old.logprobs,
+            prepared.ref_lp, batch.response_mask, estimator=algo.kl_estimator,
+            coef=algo.kl_coef, group_size=g, scale=algo.scale_advantages,
+        )  # fmt: skip
+        signal = rows_with_signal(prepared.advantages, settings.skips_zero_advantage)  # [N]
+        prepared.plan = plan_for(signal & in_loss)
+    return prepared
 
+
+def train_groups(
+    engine: TrainEngine,
+    scored: ScoredGroups,
+    settings: StepSettings,
+    step_seed: int,
+    ref_engine: LogprobModel | None = None,
+    *,
+    ctx: DistContext = LOCAL,
+    group_offset: int = 0,
+) -> StepOutput:
+    """The training phase on this rank's scored groups; losses use global normalisers."""
+    algo, g = settings.algorithm, settings.sampling.num_samples
+    t_start = time.perf_counter()
+    # Rewards are shaped here, the one place before the group advantages. The overlong penalty
+    # is in `scored.rewards` already (collection: dynamic sampling filters on it).
+    reward_t = torch.tensor(scored.rewards, dtype=torch.float32)  # [N]
+    advantages = group_advantages(reward_t, g, scale=algo.scale_advantages)  # [N]
+    prep = _prepare(engine, scored, advantages, settings, step_seed, ref_engine, ctx, group_offset)
+    advantages = prep.advantages  # a KL in the reward changes them
+    parts, bad_updates = _updates(engine, prep, settings, ctx)
+    old = prep.old
+    for key, value in {**old.metrics, "pi_old_from_engine": float(old.from_engine)}.items():
+        parts[key].append(value)
+    t_train = time.perf_counter() - t_start
+    summary = _summarise(parts, scored, reward_t, g, advantages, t_train, engine.lr)
+    summary.update(_shaping_metrics(scored, settings))
+    summary.update(prep.routing.metrics())
+    summary.update(scored.reward_metrics)  # reward/<name>/mean of each function
+    summary.update(prep.kl_metrics)
+    summary["bad_updates"] = float(sum(bad_updates))
+    _count_skipped_rows(summary, prep.plan, prep.loss_mask, advantages)
+    # Skipped updates at the end of this step, which continue into the next step's count.
+    trailing = next((i for i, bad in enumerate(reversed(bad_updates)) if not bad), len(bad_updates))
+    summary["bad_updates_trailing"] = float(trailing)
+    return StepOutput(ctx.reduce_metrics(summary), scored.rollout, scored.rewards)
+
+
+def _updates(
+    engine: TrainEngine, prep: _Prepared, settings: StepSettings, ctx: DistContext
+) -> tuple[dict[str, list[float]], list[bool]]:
+    """The step's optimiser steps, one per minibatch: their metric parts, and per minibatch
+    whether the non-finite guard left its update out."""
+    algo, temperature = settings.algorithm, settings.sampling.temperature
+    batch, routing = prep.batch, prep.routing
     parts: dict[str, list[float]] = defaultdict(list)
-    bad_updates: list[bool] = []  # per minibatch: the non-finite guard left its update out
-    for number, (minibatch, micro_batches) in enumerate(zip(splits, plan.minibatches, strict=True)):
-        # every row counts in the normaliser, trained or not: the gradient stays the same
-        norm = ctx.all_reduce_sum(loss_normalizer(loss_mask[minibatch], algo.loss_agg))
+    bad_updates: list[bool] = []
+    for number, (minibatch, micro_batches) in enumerate(
+        zip(prep.splits, prep.plan.minibatches, strict=True)
+    ):
+        # every row in the loss counts in the normaliser, trained or not: the gradient stays
+        agg = resolve_loss_agg(algo.name, algo.loss_agg)  # resolved by the recipe already
+        norm = ctx.all_reduce_sum(loss_normalizer(prep.loss_mask[minibatch], agg))
         minibatch_loss, bad_minibatch = 0.0, False
         for part, (index, filler) in enumerate(micro_batches):
             sub = batch.select(index).trimmed()
             width = sub.response_mask.shape[1]
             probe = index[:PROBE_ROWS] if part == 0 and routing.is_moe else None
             with routing.training_forward(sub, index, probe) as router_logits:
-                logprobs, entropy = engine.logprobs(sub, temperature, entropy=not filler)
-            if old.unchecked:  # `auto`: this forward, before any update, checks the engine's
-                old = check_first_forward(old, inputs, algo, logprobs, None if filler else index)
-                old_lp, weights, loss_mask = old.logprobs, old.weights, old.loss_mask
+                logprobs, entropy = engine.logprobs(
+                    sub, temperature, entropy=False if filler else settings.entropy_mode
+                )
+            if prep.old.unchecked:  # `auto`: this forward, before any update, checks the engine's
+                prep.set_old(
+                    check_first_forward(
+                        prep.old, prep.inputs, algo, logprobs, None if filler else index
+                    )
+                )
             if filler:  # keeps this rank in step with the others; adds nothing
                 loss = logprobs.sum() * 0.0
             else:
                 loss = _micro_batch_loss(
-                    parts, settings, number == 0, old.from_engine, logprobs, entropy, index, width,
-                    old_lp, ref_lp, advantages, loss_mask, weights, norm,
+                    parts, settings, number == 0, prep.old.from_engine, logprobs, entropy, index,
+                    width, prep.old.logprobs, prep.ref_lp, prep.advantages, prep.loss_mask,
+                    prep.old.weights, norm,
                 )  # fmt: skip
                 aux = routing.aux_loss(router_logits, sub)
                 if aux is not None:  # the minibatch's mean over micro-batches and ranks
@@ -242,30 +402,7 @@ def rl_step(
         routing.after_update(batch, applied)  # MoE: volatility across this one update
         parts["grad_norm"].append(grad_norm)
         bad_updates.append(not applied)
-    for key, value in {**old.metrics, "pi_old_from_engine": float(old.from_engine)}.items():
-        parts[key].append(value)
-    t_train = time.perf_counter()
-    summary = _summarise(
-        parts,
-        rollout,
-        reward_t,
-        correct,
-        g,
-        advantages,
-        t0,
-        t_rollout,
-        t_reward,
-        t_train,
-        engine.lr,
-    )
-    summary.update(routing.metrics())
-    summary.update(reward_metrics)  # reward/<name>/mean of each function
-    summary["bad_updates"] = float(sum(bad_updates))
-    _count_skipped_rows(summary, plan, loss_mask, advantages)
-    # Skipped updates at the end of this step, which continue into the next step's count.
-    trailing = next((i for i, bad in enumerate(reversed(bad_updates)) if not bad), len(bad_updates))
-    summary["bad_updates_trailing"] = float(trailing)
-    return StepOutput(ctx.reduce_metrics(summary), rollout, rewards)
+    return parts, bad_updates
 
 
 def _count_skipped_rows(
@@ -285,19 +422,30 @@ def _count_skipped_rows(
     summary["zero_adv_seq_frac"] = float((advantages == 0).float().mean())
 
 
+def _shaping_metrics(scored: ScoredGroups, settings: StepSettings) -> dict[str, float]:
+    """DAPO's overlong penalty (mean, share penalised) and truncation masking (share masked),
+    each only when on."""
+    out: dict[str, float] = {}
+    if settings.overlong_buffer:
+        penalty = torch.tensor(scored.overlong, dtype=torch.float32)  # [N]
+        out["overlong_penalty_mean"] = float(penalty.mean())
+        out["overlong_penalised_frac"] = float((penalty < 0).float().mean())
+    if settings.algorithm.mask_truncated:
+        truncated = torch.tensor(scored.rollout.truncated, dtype=torch.float32)  # [N]
+        out["truncated_masked_frac"] = float(truncated.mean())
+    return out
+
+
 def _summarise(
     parts: dict[str, list[float]],
-    rollout: RolloutBatch,
+    scored: ScoredGroups,
     rewards: torch.Tensor,
-    correct: list[float],
     group_size: int,
     advantages: torch.Tensor,
-    t0: float,
-    t_rollout: float,
-    t_reward: float,
-    t_train: float,
+    time_train_s: float,
     lr: float,
 ) -> dict[str, float]:
+    rollout, correct = scored.rollout, scored.correct
     lengths = torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32)
     out: dict[str, float] = {}
     tokens = parts.pop("response_tokens", [])
@@ -306,22 +454,23 @@ def _summarise(
         weights = tokens if len(values) == len(tokens) else [1.0] * len(values)
         out[key] = combine(key, values, weights)
     out["response_tokens"] = sum(tokens) / max(1, len(parts["grad_norm"]))  # per pass
+    time_step_s = scored.time_rollout_s + scored.time_reward_s + time_train_s
     out.update(
         reward_mean=float(rewards.mean()),
         reward_std=float(rewards.std(unbiased=False)),
         accuracy=sum(correct) / len(correct),
         advantage_abs_mean=float(advantages.abs().mean()),
-        zero_adv_groups=float(zero_signal_groups(rewards, group_size).sum()),
-        zero_adv_group_frac=float(zero_signal_groups(rewards, group_size).float().mean()),
+        zero_adv_groups=float(zero_signal_groups(advantages, group_size).sum()),
+        zero_adv_group_frac=float(zero_signal_groups(advantages, group_size).float().mean()),
         response_len_mean=float(lengths.mean()),
         response_len_max=float(lengths.max()),
         truncated_frac=float(torch.tensor(rollout.truncated, dtype=torch.float32).mean()),
         lr=lr,
-        time_rollout_s=t_rollout - t0,
-        time_reward_s=t_reward - t_rollout,
-        time_train_s=t_train - t_reward,
-        time_step_s=t_train - t0,
+        time_rollout_s=scored.time_rollout_s,
+        time_reward_s=scored.time_reward_s,
+        time_train_s=time_train_s,
+        time_step_s=time_step_s,
         completion_tokens=float(rollout.num_completion_tokens),
-        tokens_per_s=rollout.num_completion_tokens / max(t_train - t0, 1e-9),
+        tokens_per_s=rollout.num_completion_tokens / max(time_step_s, 1e-9),
     )
     return out

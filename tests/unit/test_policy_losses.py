@@ -227,13 +227,14 @@ def test_kl_penalty_off_by_default_and_positive_when_on() -> None:
 
 def test_unknown_names_list_the_known_ones() -> None:
     lp, old, adv, mask = random_batch(0, 2, 3)
-    with pytest.raises(UnknownNameError, match="known: grpo, gspo, gspo_token"):
+    with pytest.raises(UnknownNameError, match="known: cispo, gmpo, grpo, gspo, gspo_token, luspo"):
         compute_policy_loss(lp, old, adv, mask, algorithm="ppo", clip_low=0.2, clip_high=0.2)
     with pytest.raises(UnknownNameError, match="seq_mean_token_mean"):
         compute_policy_loss(
             lp, old, adv, mask, algorithm="gspo", clip_low=0.2, clip_high=0.2, loss_agg="x"
         )
-    assert POLICY_LOSSES.names() == sorted(ALGOS)
+    # the successors (successors.py) have their own loop references: test_successor_losses.py
+    assert POLICY_LOSSES.names() == sorted([*ALGOS, "luspo", "sapo", "gmpo", "cispo"])
     assert LOSS_AGGREGATIONS.names() == sorted(AGGS)
 
 

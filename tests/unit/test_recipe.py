@@ -77,7 +77,7 @@ def test_base_loop_is_reported(tmp_path: Path) -> None:
         ("data:\n  source: missing.jsonl\n", "data.source: file not found: /"),
         (
             "algorithm:\n  name: ppo\n",
-            "algorithm.name: unknown algorithm 'ppo'; known: grpo, gspo, gspo_token",
+            "algorithm.name: unknown algorithm 'ppo'; known: cispo, gmpo, grpo, gspo, gspo_token",
         ),
         (
             "algorithm:\n  loss_agg: mean\n",
@@ -106,6 +106,18 @@ def test_base_loop_is_reported(tmp_path: Path) -> None:
             "rollout.engine vllm does not return them here",
         ),
         ("trainer: {seed: yes}\n", "trainer.seed: Input should be a valid integer"),
+        (
+            "rollout: {dynamic_sampling_max_rounds: 0}\n",
+            "rollout.dynamic_sampling_max_rounds: Input should be greater than or equal to 1",
+        ),
+        (
+            "reward: {overlong_buffer: 64}\n",
+            "reward.overlong_buffer (64) must be less than rollout.max_new_tokens (64)",
+        ),
+        (
+            "reward: {overlong_penalty: -1}\n",
+            "reward.overlong_penalty: Input should be greater than or equal to 0",
+        ),
         ("", "the recipe file is empty"),
         ("a: [1\nb: 2\n", "line 2: invalid YAML"),
         ("- 1\n- 2\n", "a recipe must be a mapping"),
