@@ -63,7 +63,9 @@ def registered(kind: str, name: str) -> str:
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # No recipe number means infinity or NaN: `.inf` as a coefficient or temperature would only
+    # fail at run time, as non-finite losses.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelConfig(Section):

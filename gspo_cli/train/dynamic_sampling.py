@@ -72,6 +72,7 @@ class _Round:
     index: list[int]  # [Q] data rows drawn
     scored: ScoredGroups  # this rank's share of them
     mixed: list[bool]  # [Q] groups with mixed rewards, over all ranks
+    totals: tuple[float, float, int]  # sums of rewards and of correct, responses: all ranks
 
 
 def round_seed(step_seed: int, number: int) -> int:
@@ -120,8 +121,15 @@ def collect_step(
         if not how.dynamic:
             return Collected(scored, index, mine.start)
         flags = mixed_groups(torch.tensor(scored.rewards), scored.group_size).tolist()  # [Q/W]
-        mixed = [flag for part in ctx.all_gather(flags) for flag in part]  # [Q] rank order
-        rounds.append(_Round(index, scored, mixed))
+        sums = (sum(scored.rewards), sum(scored.correct), len(scored.rewards))
+        gathered = ctx.all_gather((flags, sums))
+        mixed = [flag for part, _ in gathered for flag in part]  # [Q] rank order
+        totals = (
+            sum(t[0] for _, t in gathered),
+            sum(t[1] for _, t in gathered),
+            sum(t[2] for _, t in gathered),
+        )
+        rounds.append(_Round(index, scored, mixed, totals))
         if sum(sum(r.mixed) for r in rounds) >= q:
             break
     return _assemble(rounds, q, ctx)
@@ -148,7 +156,12 @@ def _assemble(rounds: list[_Round], q: int, ctx: DistContext) -> Collected:
         sum(r.scored.time_rollout_s for r in rounds),
         sum(r.scored.time_reward_s for r in rounds),
     )
+    generated = sum(r.totals[2] for r in rounds)
     metrics = {
+        # Over every response the step generated, not the filtered batch (whose mean describes
+        # the filter): the guards' reward-crash check reads these.
+        "reward_mean": sum(r.totals[0] for r in rounds) / generated,
+        "accuracy": sum(r.totals[1] for r in rounds) / generated,
         "dynamic_sampling_rounds": float(len(rounds)),
         "dynamic_sampling_kept_groups": float(len(used)),
         "dynamic_sampling_refill_frac": sum(1 for r, _ in used if r > 0) / q,

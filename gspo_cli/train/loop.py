@@ -191,6 +191,8 @@ def _one_step(run: PreparedRun, step: int) -> tuple[Any, dict[str, float]]:
     output.index = collected.index
     refresh(run.ref_engine, recipe.algorithm.ref_update_every, step, run.engine)  # KL reference
     metrics = {**output.metrics, **collected.metrics}
+    if collected.metrics:  # dynamic sampling: reward_mean is every generated response's
+        metrics["dynamic_sampling_batch_reward_mean"] = output.metrics["reward_mean"]
     return output, {**metrics, "peak_memory_mb": peak_memory_mb(run.device)}
 
 

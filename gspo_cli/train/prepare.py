@@ -90,8 +90,11 @@ class PreparedRun:
             "rollbacks": self.rollbacks,
             "lr_scale": self.lr_scale,
             "recipe_lr": self.recipe.optimizer.lr,  # a resume that changes it drops lr_scale
-            **reference_state(self.ref_engine, self.recipe.algorithm.ref_update_every, step),
         }
+        if self.ctx.is_main:  # only the main rank writes the trainer state: no copies elsewhere
+            state.update(
+                reference_state(self.ref_engine, self.recipe.algorithm.ref_update_every, step)
+            )
         trainer = self.recipe.trainer
         return save_checkpoint(
             self.run_dir / CHECKPOINTS,

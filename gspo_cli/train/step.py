@@ -343,7 +343,7 @@ def train_groups(
     summary.update(scored.reward_metrics)  # reward/<name>/mean of each function
     summary.update(prep.kl_metrics)
     summary["bad_updates"] = float(sum(bad_updates))
-    _count_skipped_rows(summary, prep.plan, prep.loss_mask, advantages)
+    _count_skipped_rows(summary, prep.plan, prep.loss_mask, advantages, prep.in_loss)
     # Skipped updates at the end of this step, which continue into the next step's count.
     trailing = next((i for i, bad in enumerate(reversed(bad_updates)) if not bad), len(bad_updates))
     summary["bad_updates_trailing"] = float(trailing)
@@ -406,12 +406,18 @@ def _updates(
 
 
 def _count_skipped_rows(
-    summary: dict[str, float], plan: StepPlan, loss_mask: torch.Tensor, advantages: torch.Tensor
+    summary: dict[str, float],
+    plan: StepPlan,
+    loss_mask: torch.Tensor,
+    advantages: torch.Tensor,
+    in_loss: torch.Tensor,
 ) -> None:
     """Clip fractions stay shares of ALL response tokens, as without skipping (a skipped,
     zero-advantage token is never clipped), and the zero-advantage share is over all rows.
-    Ratio statistics and entropy are over the trained tokens."""
-    summary["zero_adv_skipped_frac"] = 1.0 - plan.trained_rows / len(advantages)
+    Ratio statistics and entropy are over the trained tokens. The skipped share counts rows
+    in the loss only (`in_loss` `[N]`): masked truncations and filling groups are not skips."""
+    rows_in_loss = int(in_loss.sum())
+    summary["zero_adv_skipped_frac"] = 1.0 - plan.trained_rows / max(rows_in_loss, 1)
     if plan.trained_rows == len(advantages):
         return
     trained = [m.rows for micro in plan.minibatches for m in micro if not m.filler]
@@ -431,8 +437,9 @@ def _shaping_metrics(scored: ScoredGroups, settings: StepSettings) -> dict[str, 
         out["overlong_penalty_mean"] = float(penalty.mean())
         out["overlong_penalised_frac"] = float((penalty < 0).float().mean())
     if settings.algorithm.mask_truncated:
-        truncated = torch.tensor(scored.rollout.truncated, dtype=torch.float32)  # [N]
-        out["truncated_masked_frac"] = float(truncated.mean())
+        truncated = torch.tensor(scored.rollout.truncated, dtype=torch.bool)  # [N]
+        kept = scored.loss_rows(mask_truncated=False)  # [N] the groups in the loss
+        out["truncated_masked_frac"] = float((truncated & kept).sum() / kept.sum().clamp(min=1))
     return out
 
 

@@ -66,6 +66,7 @@ def test_a_masked_truncated_sample_adds_nothing_to_loss_or_token_count() -> None
     assert masked.metrics["loss"] == pytest.approx(loss, abs=1e-5)
     assert masked.metrics["response_tokens"] == tokens
     assert masked.metrics["truncated_masked_frac"] == 0.25
+    assert masked.metrics["zero_adv_skipped_frac"] == 0.0  # masked rows are not skips
     loss_all, tokens_all = _expected(list(range(8)))
     assert everything.metrics["loss"] == pytest.approx(loss_all, abs=1e-5)
     assert everything.metrics["response_tokens"] == tokens_all
@@ -78,4 +79,5 @@ def test_groups_that_only_fill_a_short_batch_add_nothing() -> None:
     loss, tokens = _expected([0, 1, 2, 3])
     assert short.metrics["loss"] == pytest.approx(loss, abs=1e-5)
     assert short.metrics["response_tokens"] == tokens
+    assert short.metrics["zero_adv_skipped_frac"] == 0.0  # filling rows are not skips
     assert torch.isfinite(torch.tensor(short.metrics["grad_norm"]))

@@ -113,6 +113,8 @@ def test_rounds_refill_the_batch_with_mixed_groups_only() -> None:
     assert mixed_groups(torch.tensor(scored.rewards), G).all()
     assert sampler.state_dict() == {"epoch": 0, "position": 8}
     assert collected.metrics == {
+        "reward_mean": 11 / 16,  # every response generated, both rounds: 6/8 then 5/8
+        "accuracy": 11 / 16,
         "dynamic_sampling_rounds": 2.0,
         "dynamic_sampling_kept_groups": 4.0,
         "dynamic_sampling_refill_frac": 0.5,

@@ -118,6 +118,12 @@ def test_base_loop_is_reported(tmp_path: Path) -> None:
             "reward: {overlong_penalty: -1}\n",
             "reward.overlong_penalty: Input should be greater than or equal to 0",
         ),
+        (
+            "algorithm: {name: sapo, sapo_tau_pos: .inf}\n",
+            "algorithm.sapo_tau_pos: Input should be a finite number",
+        ),
+        ("algorithm: {entropy_coef: .nan}\n", "algorithm.entropy_coef: Input should be a finite"),
+        ("algorithm: {kl_coef: .inf}\n", "algorithm.kl_coef: Input should be a finite number"),
         ("", "the recipe file is empty"),
         ("a: [1\nb: 2\n", "line 2: invalid YAML"),
         ("- 1\n- 2\n", "a recipe must be a mapping"),
