@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +59,23 @@ def judge(code: str, expected: str, mode: str, limits: Limits = FAST) -> str:
 def nothing_left_running() -> Iterator[None]:
     yield
     assert sandboxed_processes() == []
+
+
+@pytest.mark.skipif(os.getuid() == 0, reason="root's programs run as a private uid")
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "bwrap"])
+def test_a_trainer_with_many_threads_leaves_the_program_its_processes(mode: str) -> None:
+    """Without a private uid the program shares ours, and RLIMIT_NPROC counts every thread of
+    the uid: the limit must count the trainer's threads, not only its processes (the container
+    CI, non-root, failed every rlimits run once the suite's process held a few dozen threads)."""
+    release = threading.Event()
+    threads = [threading.Thread(target=release.wait, daemon=True) for _ in range(40)]
+    for thread in threads:
+        thread.start()
+    try:
+        out = run_program("print('ran')", limits=FAST, **opt_in(mode))  # the harness forks
+        assert out.stdout.decode().strip() == "ran", out.status
+    finally:
+        release.set()
 
 
 @pytest.mark.parametrize("mode", MODES)

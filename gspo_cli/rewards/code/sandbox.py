@@ -123,9 +123,16 @@ def _child_env(box: str) -> dict[str, str]:
     return {"PATH": path, "HOME": box, "TMPDIR": box, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
-def _user_process_count() -> int:
+def _user_task_count() -> int:
+    """The tasks our uid runs: RLIMIT_NPROC counts every thread of the uid, not processes, so
+    a trainer with many threads (torch's, a tokenizer's) must count them all."""
     uid = os.getuid()
-    return sum(1 for p in Path("/proc").iterdir() if p.name.isdigit() and _owner(p) == uid)
+    total = 0
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and _owner(proc) == uid:
+            with contextlib.suppress(OSError):  # a process that ended meanwhile
+                total += len(os.listdir(proc / "task"))
+    return total
 
 
 def _owner(proc_dir: Path) -> int | None:
@@ -190,7 +197,7 @@ def run_program(
             "uid": uid, "checker_uid": checker_uid(uid), "cpu_s": int(limits.time_limit_s) + 1,
             "memory_mb": limits.memory_limit_mb, "file_mb": limits.file_size_mb,
             "open_files": limits.open_files, "disk_mb": limits.disk_mb,
-            "nproc": nproc if uid is not None else _user_process_count() + nproc,
+            "nproc": nproc if uid is not None else _user_task_count() + nproc,
             "read_roots": [python_prefix(child_python()), *READ_ROOTS],
             "cgroup_fds": group.fds if group else [], "header": header_names(),
             "message_limit": limits.output_limit_bytes,
