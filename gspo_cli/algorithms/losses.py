@@ -111,6 +111,16 @@ def _clipped_objective(
     return -torch.minimum(ratio * advantages, clipped * advantages)
 
 
+def sequence_advantage(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`[B]` A_i: the mean of `[B, T]` advantages over response tokens."""
+    return (advantages * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+
+
+def token_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
+    """`[B, T]` r_it = pi / pi_old, the log-ratio clamped so that exp stays finite."""
+    return (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+
+
 def sequence_log_ratio(
     logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
@@ -135,7 +145,7 @@ def gspo_loss(
     `advantages` is `[B, T]`; the sequence advantage A_i is its mean over response tokens
     (per-token advantages need `gspo_token`).
     """
-    seq_adv = (advantages * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # [B]
+    seq_adv = sequence_advantage(advantages, mask)  # [B]
     log_s = sequence_log_ratio(logprobs, old_logprobs, mask)  # [B]
     s = log_s.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()  # [B]
     seq_loss = _clipped_objective(s, seq_adv, clip_low, clip_high)  # [B]
@@ -179,6 +189,5 @@ def grpo_loss(
     options: LossOptions = DEFAULT_LOSS_OPTIONS,  # no knobs of its own
 ) -> TokenLoss:
     """GRPO, Eq. 2: a ratio w_it and a clip per token."""
-    log_w = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # [B, T]
-    w = log_w.exp()  # [B, T]
+    w = token_ratio(logprobs, old_logprobs)  # [B, T]
     return TokenLoss(_clipped_objective(w, advantages, clip_low, clip_high), w.detach())

@@ -19,17 +19,9 @@ from gspo_cli.algorithms.losses import (
     LossOptions,
     TokenLoss,
     gspo_loss,
+    sequence_advantage,
+    token_ratio,
 )
-
-
-def _sequence_advantage(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """`[B]` A_i: the mean of `[B, T]` advantages over response tokens (as GSPO takes it)."""
-    return (advantages * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
-
-
-def _token_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
-    """`[B, T]` r_it = pi / pi_old, the log-ratio clamped so that exp stays finite."""
-    return (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
 
 
 @POLICY_LOSSES.register("luspo")
@@ -77,7 +69,7 @@ def sapo_loss(
     1 at r = 1, decaying smoothly away from it. `clip_low` / `clip_high` are unused (there is
     no hard clip) and the clip fractions read 0. The log-ratio is clamped to +-20 as in verl.
     """
-    r = _token_ratio(logprobs, old_logprobs)  # [B, T]
+    r = token_ratio(logprobs, old_logprobs)  # [B, T]
     # full_like: python-scalar where() would round the temperatures to float32
     tau_pos = torch.full_like(advantages, options.sapo_tau_pos)  # [B, T]
     tau = torch.where(advantages > 0, tau_pos, options.sapo_tau_neg)  # [B, T]
@@ -108,7 +100,7 @@ def gmpo_loss(
     of `advantages` over the response; A_i = 0 contributes nothing. The mean log-ratio is
     clamped to +-20 like GSPO's.
     """
-    seq_adv = _sequence_advantage(advantages, mask)  # [B]
+    seq_adv = sequence_advantage(advantages, mask)  # [B]
     log_r = logprobs - old_logprobs  # [B, T]
     pos = (seq_adv > 0).unsqueeze(1)  # [B, 1]
     neg = (seq_adv < 0).unsqueeze(1)  # [B, 1]
@@ -147,7 +139,7 @@ def cispo_loss(
     token_mean (`losses.PAPER_LOSS_AGG`). The loss value (-w A log pi) is a surrogate: only its
     gradient means something.
     """
-    r = _token_ratio(logprobs, old_logprobs).detach()  # [B, T]
+    r = token_ratio(logprobs, old_logprobs).detach()  # [B, T]
     weight = r.clamp(1.0 - clip_low, 1.0 + clip_high)  # [B, T] sg[clip(r)]
     token_loss = -weight * advantages * logprobs  # [B, T]
     moved = advantages != 0  # [B, T] where clipping the weight changes the gradient
