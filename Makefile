@@ -69,7 +69,7 @@ bench: setup
 	$(BIN)/python benchmarks/engine_throughput.py
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/step_savings.py
 
-# The head-to-head against TRL's GRPOTrainer (benchmarks/vs_trl.py). TRL is never a dependency of
+# The head-to-head against TRL's GRPOTrainer (benchmarks/vs_trl/). TRL is never a dependency of
 # the package: it lives in its own venv (.venv-trl) with the same torch pin and the same
 # transformers version as the main venv, and this repo installed editable beside it.
 TRL_VENV ?= .venv-trl
@@ -91,7 +91,7 @@ $(TRL_VENV)/bin/gspo: pyproject.toml | $(BIN)/gspo
 # Pass flags with TRL_ARGS, e.g. make bench-trl TRL_ARGS="--shapes tiny-dense --rounds 3";
 # --workload realistic (uneven lengths, some no-signal groups) or fixed,realistic for both.
 bench-trl: $(TRL_VENV)/bin/gspo
-	OMP_NUM_THREADS=1 $(TRL_VENV)/bin/python benchmarks/vs_trl.py $(TRL_ARGS)
+	OMP_NUM_THREADS=1 $(TRL_VENV)/bin/python benchmarks/vs_trl $(TRL_ARGS)
 
 # The main job: cold start + GSPO on the built-in task, on CPU, offline; prints held-out accuracy.
 quickstart: setup

@@ -11,7 +11,7 @@ Workloads:
 - quickstart: the quickstart's cold-started checkpoint (made first with `gspo sft`, about a
   minute), its training prompts (16 x 8), its maths verifier, 64 new tokens at most, 4
   minibatches, its learning rate: the quickstart's RL step exactly.
-- dense-103m: vs_trl.py's Qwen3 of 103M parameters (151,936-token vocabulary, random weights,
+- dense-103m: vs_trl's Qwen3 of 103M parameters (151,936-token vocabulary, random weights,
   so responses run to the 64-token cap), 8 prompts x 8, 4 minibatches, a length-parity reward.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/engine_logprobs.py [--workload quickstart]
@@ -50,6 +50,7 @@ from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.distributed import LOCAL
 from gspo_cli.train.engine import TorchEngine
+from gspo_cli.train.engine_settings import engine_settings
 from gspo_cli.train.prepare import engine_logprobs_mode, rollout_params
 from gspo_cli.train.rewards import RewardModel, RewardScores
 from gspo_cli.train.step import StepSettings, rl_step
@@ -83,10 +84,10 @@ def quickstart() -> tuple[Recipe, Any, Any, list[list[int]], list[dict[str, Any]
 
 
 def dense_103m() -> tuple[Recipe, Any, Any, list[list[int]], list[dict[str, Any]], Any]:
-    import vs_trl
+    from vs_trl.shapes import SHAPES, build, prompt_texts  # the vs_trl package, beside this
 
-    model, tokenizer = vs_trl.build(vs_trl.SHAPES["dense-103m"], "fixed")
-    texts = vs_trl.prompt_texts(tokenizer)
+    model, tokenizer = build(SHAPES["dense-103m"], "fixed")
+    texts = prompt_texts(tokenizer)
     prompts = [list(tokenizer(t)["input_ids"]) for t in texts]
     recipe = Recipe.model_validate(
         {
@@ -109,16 +110,16 @@ def run(workload: str, rounds: int, console: Console) -> None:
         chosen = recipe.model_copy(deep=True)
         chosen.rollout.use_engine_logprobs = mode
         settings = StepSettings(
-            chosen.algorithm,
-            rollout_params(chosen),
-            chosen.trainer.micro_batch_size,
-            engine_logprobs_mode(chosen),
-            int(tokenizer.pad_token_id),
-            chosen.trainer.max_tokens_per_micro_batch,
-            chosen.trainer.skip_zero_advantage,
+            algorithm=chosen.algorithm,
+            sampling=rollout_params(chosen),
+            pad_id=int(tokenizer.pad_token_id),
+            micro_batch_size=chosen.trainer.micro_batch_size,
+            use_engine_logprobs=engine_logprobs_mode(chosen),
+            max_tokens_per_micro_batch=chosen.trainer.max_tokens_per_micro_batch,
+            skip_zero_advantage=chosen.trainer.skip_zero_advantage,
         )
         sides[name] = (
-            TorchEngine(copy_, chosen, LOCAL),
+            TorchEngine(copy_, engine_settings(chosen), LOCAL),
             HFGenerateEngine(copy_, tokenizer),
             settings,
         )

@@ -1,4 +1,4 @@
-"""The quickstart's own workload for `vs_trl.py --workload quickstart`: its model after its cold
+"""The quickstart's own workload for `vs_trl --workload quickstart`: its model after its cold
 start, its training prompts and its maths verifier, so the lengths and the groups without
 signal are whatever that model samples (nothing is drawn or forced).
 

@@ -1,4 +1,4 @@
-"""The realistic workload of vs_trl.py: seeded uneven lengths and groups without signal, the
+"""The realistic workload of vs_trl: seeded uneven lengths and groups without signal, the
 same on every side (its docstring says what each side computes with them).
 
 A row's "canonical index" is prompt * SAMPLES + sample, where prompt is the prompt's index in

@@ -25,6 +25,7 @@ from gspo_cli.rollout import SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.distributed import LOCAL
 from gspo_cli.train.engine import TorchEngine
+from gspo_cli.train.engine_settings import engine_settings
 from gspo_cli.train.rewards import RewardModel
 from gspo_cli.train.step import StepSettings, rl_step
 
@@ -40,13 +41,11 @@ def measure(model_path: str, algorithm: str, steps: int, device: str) -> dict[st
     prompts = [render_prompt(tokenizer, r["prompt"], recipe.data.prompt_template) for r in rows]
     r = recipe.rollout
     settings = StepSettings(
-        recipe.algorithm,
-        SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, r.group_size),
-        0,
-        False,
-        int(tokenizer.pad_token_id),
+        algorithm=recipe.algorithm,
+        sampling=SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, r.group_size),
+        pad_id=int(tokenizer.pad_token_id),
     )
-    engine = TorchEngine(model, recipe, LOCAL)
+    engine = TorchEngine(model, engine_settings(recipe), LOCAL)
     pool = MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s)
     rollout = HFGenerateEngine(model, tokenizer)
     reward = RewardModel(recipe.reward, RewardServices(math_pool=pool))

@@ -5,7 +5,7 @@
   of no-signal groups is set;
 - batched seeded sampling (per-row Gumbel noise) against one `generate` per prompt (the former
   seeded path) and against unseeded batched sampling;
-- the MoE volatility probe: a MoE step with and without it;
+- the MoE volatility probe: a MoE step with and without it (`StepSettings.measure_volatility`);
 - the maths verifier: 2 pool workers with chunked tasks, against one task per answer (the
   former pool) and against checking in this process.
 
@@ -37,7 +37,7 @@ from gspo_cli.rollout import RolloutBatch, SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.distributed import LOCAL
 from gspo_cli.train.engine import TorchEngine
-from gspo_cli.train.replay import StepRouting
+from gspo_cli.train.engine_settings import engine_settings
 from gspo_cli.train.rewards import RewardScores
 from gspo_cli.train.step import StepSettings, rl_step
 
@@ -96,9 +96,9 @@ def _train_seconds(
         {"algorithm": {"minibatches": 4}, "trainer": {"share_prompts": share_prompts}}
     )
     settings = StepSettings(
-        recipe.algorithm, SamplingParams(num_samples=SAMPLES), 0, False, 0, **step
+        algorithm=recipe.algorithm, sampling=SamplingParams(num_samples=SAMPLES), pad_id=0, **step
     )
-    engine = TorchEngine(copy_, recipe, LOCAL)
+    engine = TorchEngine(copy_, engine_settings(recipe), LOCAL)
     prompts = rollout.batch.prompt_ids[::SAMPLES]
     out = rl_step(engine, rollout, reward, prompts, [{}] * PROMPTS, settings, 0)
     return out.metrics["time_train_s"]
@@ -179,15 +179,10 @@ def moe_probe(rounds: int, console: Console) -> None:
     params = SamplingParams(max_new_tokens=64, num_samples=SAMPLES)
     rollout = FixedRollout(HFGenerateEngine(model, tokenizer).generate(_prompts(tokenizer), params))
     reward = NoSignalShare(0.0)
-    probe = StepRouting.after_update
     seconds: dict[str, list[float]] = defaultdict(list)
     for _ in range(rounds):
         seconds["with the probe"].append(_train_seconds(model, rollout, reward))
-        StepRouting.after_update = lambda *_: None  # type: ignore[method-assign]
-        try:
-            seconds["without"].append(_train_seconds(model, rollout, reward))
-        finally:
-            StepRouting.after_update = probe  # type: ignore[method-assign]
+        seconds["without"].append(_train_seconds(model, rollout, reward, measure_volatility=False))
     console.print(_table("tiny-moe training part, volatility probe", seconds, "without"))
 
 

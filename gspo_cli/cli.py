@@ -9,13 +9,14 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
 from pydantic import ValidationError
 from rich.console import Console
 
+from gspo_cli.engines import TRAIN_ENGINES, multi_process_engines
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe import Recipe, RecipeError, load_recipe
 from gspo_cli.recipe.loader import describe_error
@@ -28,6 +29,9 @@ from gspo_cli.train.signals import (
     stop_message,
     stop_on_signals,
 )
+
+if TYPE_CHECKING:
+    from gspo_cli.eval.runner import EvalSettings
 
 app = typer.Typer(
     name="gspo",
@@ -90,7 +94,7 @@ def train(
 ) -> None:
     """Run RL training (cold start first when the recipe enables it)."""
     resolved = load_recipe(recipe, set_)  # a bad recipe fails before the heavy imports below
-    run_dir = run_dir_of(resolved, out)
+    run_dir = run_dir_of(resolved.trainer.out_dir, resolved.name, out)
     console.print(f"[bold]gspo train[/bold] {_summary(resolved)}", highlight=False)
     with _stop_line(lambda: stop_message(run_dir, sys.argv[1:])), _writer(run_dir, "gspo train"):
         from gspo_cli.train.launch import launch, rank_dies_with_launcher, under_launcher
@@ -99,17 +103,19 @@ def train(
         rank_dies_with_launcher()
 
         if (nproc > 1 or hostfile) and not under_launcher():
-            if resolved.trainer.engine != "deepspeed":
-                raise GspoError("--nproc/--hostfile need trainer.engine: deepspeed in the recipe")
-            raise typer.Exit(launch(recipe, set_ or [], resolved, out, resume, nproc, hostfile))
-        run_training(resolved, dump_recipe_yaml(resolved), out=out, resume=resume, console=console)
+            if not TRAIN_ENGINES.get(resolved.trainer.engine).several_processes:
+                engines = multi_process_engines()
+                raise GspoError(f"--nproc/--hostfile need trainer.engine: {engines} in the recipe")
+            raise typer.Exit(launch(recipe, set_ or [], resolved, run_dir, resume, nproc, hostfile))
+        yaml_text = dump_recipe_yaml(resolved)
+        run_training(resolved, yaml_text, run_dir=run_dir, resume=resume, console=console)
 
 
 @app.command()
 def sft(recipe: RecipeArg, set_: SetOpt = None, out: OutOpt = None) -> None:
     """Only the cold start: fine-tune on worked solutions and save an HF checkpoint."""
     resolved = load_recipe(recipe, set_)  # a bad recipe fails before the heavy imports below
-    run_dir = run_dir_of(resolved, out)
+    run_dir = run_dir_of(resolved.trainer.out_dir, resolved.name, out)
 
     def stopped() -> str:
         if (run_dir / COLD_START / HF_CONFIG).is_file():
@@ -119,7 +125,24 @@ def sft(recipe: RecipeArg, set_: SetOpt = None, out: OutOpt = None) -> None:
     with _stop_line(stopped), stop_on_signals(0), _writer(run_dir, "gspo sft"):
         from gspo_cli.train.loop import run_sft_only
 
-        run_sft_only(resolved, dump_recipe_yaml(resolved), out=out, console=console)
+        run_sft_only(resolved, dump_recipe_yaml(resolved), run_dir=run_dir, console=console)
+
+
+EvalRecipeOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="Take defaults from this recipe's eval section; `custom` problems get its "
+        "data.prompt_template, as in training."
+    ),
+]
+PromptTemplateOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--prompt-template",
+        help="Format each question with this ({prompt} = the question) instead of the "
+        "benchmark's instruction.",
+    ),
+]
 
 
 @app.command("eval")
@@ -160,30 +183,15 @@ def eval_(
     resume: Annotated[
         bool, typer.Option("--resume", help="Skip problems already done in --out.")
     ] = False,
-    recipe: Annotated[
-        Path | None,
-        typer.Option(
-            help="Take defaults from this recipe's eval section; `custom` problems get its "
-            "data.prompt_template, as in training."
-        ),
-    ] = None,
-    prompt_template: Annotated[
-        str | None,
-        typer.Option(
-            "--prompt-template",
-            help="Format each question with this ({prompt} = the question) instead of the "
-            "benchmark's instruction.",
-        ),
-    ] = None,
+    recipe: EvalRecipeOpt = None,
+    prompt_template: PromptTemplateOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Evaluate a checkpoint on a benchmark: avg@k, pass@k, maj@k, Elo, with intervals."""
-    from gspo_cli.eval.runner import EvalSettings, run_eval
-    from gspo_cli.recipe.schema import EvalConfig
+    from gspo_cli.eval.runner import run_eval
     from gspo_cli.rewards.code.isolation import allow_weak_isolation
 
     resolved = load_recipe(recipe, set_) if recipe else _recipe_from_overrides(set_)
-    cfg, verifier = resolved.eval, resolved.reward  # eval defaults; maths verifier pool size
     flags = {
         "benchmark": benchmark,
         "samples": samples,
@@ -197,6 +205,27 @@ def eval_(
         "standings": standings,
         "seed": seed,
     }
+    settings = _eval_settings(checkpoint, flags, engine, prompt_template, recipe, resolved)
+    allow_weak_isolation(resolved.reward.sandbox.allow_weak_isolation)
+    folder = out or Path("evals") / settings.benchmark
+    with _stop_line(lambda: eval_stop_message(folder, sys.argv[1:])), stop_on_signals(0):
+        run_eval(settings, folder, resume=resume, console=console)
+
+
+def _eval_settings(
+    checkpoint: str,
+    flags: dict[str, Any],
+    engine: str | None,
+    template_flag: str | None,
+    recipe_file: Path | None,
+    resolved: Recipe,
+) -> EvalSettings:
+    """`gspo eval`'s settings: each flag given, else the recipe's eval section (--recipe, or the
+    defaults and --set); checked as a recipe's eval section is."""
+    from gspo_cli.eval.runner import EvalSettings
+    from gspo_cli.recipe.schema import EvalConfig
+
+    cfg, verifier = resolved.eval, resolved.reward  # eval defaults; maths verifier pool size
     merged = {**cfg.model_dump(), **{k: v for k, v in flags.items() if v is not None}}
     if merged["benchmark"] is None:
         raise GspoError("eval: name a benchmark with --benchmark (or eval.benchmark in --recipe)")
@@ -216,16 +245,13 @@ def eval_(
         verifier_workers=verifier.num_workers,
         verifier_timeout_s=verifier.timeout_s,
         engine=engine or resolved.rollout.engine,
-        prompt_template=_eval_template(prompt_template, recipe, resolved, merged["benchmark"]),
+        prompt_template=_eval_template(template_flag, recipe_file, resolved, merged["benchmark"]),
     )
     try:  # the same range and file checks as a recipe's eval section
         EvalConfig.model_validate({k: merged[k] for k in EvalConfig.model_fields})
     except ValidationError as exc:
         raise RecipeError("gspo eval", [describe_error(e) for e in exc.errors()]) from None
-    allow_weak_isolation(resolved.reward.sandbox.allow_weak_isolation)
-    folder = out or Path("evals") / settings.benchmark
-    with _stop_line(lambda: eval_stop_message(folder, sys.argv[1:])), stop_on_signals(0):
-        run_eval(settings, folder, resume=resume, console=console)
+    return settings
 
 
 @app.command()
@@ -268,7 +294,7 @@ def _eval_template(
 ) -> str | None:
     """The prompt template `gspo eval` applies: --prompt-template, else for `custom` data (a
     model's own task) the --recipe's, which the model was trained with; None: the benchmark's."""
-    from gspo_cli.recipe.schema import check_template
+    from gspo_cli.recipe.inputs import check_template
 
     if flag is not None:
         try:

@@ -48,12 +48,9 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gspo_cli.errors import GspoError
-
-if TYPE_CHECKING:
-    from gspo_cli.recipe.schema import Recipe
 
 # Training run folder.
 RECIPE = "recipe.yaml"
@@ -170,9 +167,9 @@ def write_text_atomic(path: Path, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def run_dir_of(recipe: Recipe, out: Path | None) -> Path:
-    """A run's folder: --out, else trainer.out_dir/NAME."""
-    return out or Path(recipe.trainer.out_dir) / recipe.name
+def run_dir_of(out_dir: str | Path, name: str, out: Path | None) -> Path:
+    """A run's folder: --out, else trainer.out_dir/NAME (the recipe's `out_dir` and `name`)."""
+    return out or Path(out_dir) / name
 
 
 def has_progress(run_dir: Path) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gspo_cli.compare.seeds import SeedGroup, group_band
+from gspo_cli.compare.seeds import group_band
 from gspo_cli.compare.series import (
     HELDOUT,
     RATIO_SPREAD,
@@ -28,7 +28,7 @@ from gspo_cli.compare.series import (
     smooth,
     x_positions,
 )
-from gspo_cli.compare.stats import Comparison, RunReport
+from gspo_cli.compare.stats import Comparison, RunReport, SeedGroup
 from gspo_cli.run_folder import write_bytes_atomic
 
 FIGSIZE = (8.0, 4.5)

@@ -26,7 +26,7 @@ import numpy as np
 from gspo_cli.compare.intervals import Estimate, Spread, t975
 from gspo_cli.compare.runs import Problems, Run
 from gspo_cli.compare.series import HELDOUT, metric_series, smooth, x_positions
-from gspo_cli.compare.stats import RunReport
+from gspo_cli.compare.stats import RunReport, SeedGroup
 from gspo_cli.compare.verdicts import STABLE
 
 IGNORED = ("trainer.seed", "trainer.out_dir", "logging")
@@ -34,21 +34,6 @@ SETTINGS = ("algorithm", "model", "clip_low", "clip_high", "routing_replay", "st
 # Numbers shown inside another number's cell: the mean only (summary.json has their intervals).
 BRIEF = ("clip_frac_low_mean", "clip_frac_high_mean", "entropy_first", "entropy_last",
          "heldout_best")  # fmt: skip
-
-
-@dataclass
-class SeedGroup:
-    """Runs of one recipe, ordered by seed. `view` holds the group's numbers as a RunReport
-    whose stats are Estimates/Spreads, so the table's cell functions format it as they are."""
-
-    label: str
-    name: str
-    reports: list[RunReport]
-    view: RunReport
-
-    @property
-    def seeds(self) -> list[Any]:
-        return [r.run.setting("trainer.seed") for r in self.reports]
 
 
 def seed_of(run: Run) -> int | None:

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from gspo_cli.compare.runs import Run
 from gspo_cli.compare.series import HELDOUT, RATIO_SPREAD, metric_series, smooth, x_positions
 from gspo_cli.compare.verdicts import Issue, assess
-
-if TYPE_CHECKING:
-    from gspo_cli.compare.seeds import SeedGroup
 
 MEANS = (
     "clip_frac",
@@ -55,6 +52,22 @@ class RunReport:
     stats: dict[str, Any]
     issues: list[Issue]
     deltas: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class SeedGroup:
+    """Runs of one recipe, ordered by seed (--group-seeds; seeds.py groups them). `view` holds
+    the group's numbers as a RunReport whose stats are Estimates/Spreads, so the table's cell
+    functions format it as they are."""
+
+    label: str
+    name: str
+    reports: list[RunReport]
+    view: RunReport
+
+    @property
+    def seeds(self) -> list[Any]:
+        return [r.run.setting("trainer.seed") for r in self.reports]
 
 
 @dataclass

@@ -4,7 +4,7 @@ Cells of runs other than the baseline carry their difference against it in brack
 eval values as plain differences, accuracies and clip fractions in percentage points, and
 throughput in tokens/s.
 
-With --group-seeds the columns are seed groups (seeds.SeedGroup): the same cell functions format
+With --group-seeds the columns are seed groups (stats.SeedGroup): the same cell functions format
 the group's Estimates as `mean ± 95% half-width`; settings rows (`shared`) show the value the
 seeds share (or each seed's); the stability row counts the seeds' verdicts. No differences
 against a baseline are shown: the intervals are the comparison.
@@ -19,8 +19,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from gspo_cli.compare.seeds import SeedGroup, stability_text
-from gspo_cli.compare.stats import Comparison, RunReport
+from gspo_cli.compare.seeds import stability_text
+from gspo_cli.compare.stats import Comparison, RunReport, SeedGroup
 from gspo_cli.compare.verdicts import STABLE, verdict_text
 
 MISSING = "—"

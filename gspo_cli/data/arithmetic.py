@@ -14,19 +14,37 @@ is also the conventional reading: "(3+4)*2".
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from gspo_cli.recipe.schema import ArithmeticTaskConfig
+from typing import Any, Protocol
 
 SPLIT_SALT = {"train": 0, "test": 1}
+
+
+class ArithmeticSettings(Protocol):
+    """The task's knobs, as the recipe's data.arithmetic section has them (read-only here)."""
+
+    @property
+    def num_train(self) -> int: ...
+    @property
+    def num_eval(self) -> int: ...
+    @property
+    def min_ops(self) -> int: ...
+    @property
+    def max_ops(self) -> int: ...
+    @property
+    def max_operand(self) -> int: ...
+    @property
+    def operators(self) -> str: ...
+    @property
+    def slip_rate(self) -> float: ...
+    @property
+    def unboxed_rate(self) -> float: ...
 
 
 def _apply(a: int, op: str, b: int) -> int:
     return a + b if op == "+" else a - b if op == "-" else a * b
 
 
-def make_problem(rng: random.Random, cfg: ArithmeticTaskConfig) -> dict[str, Any]:
+def make_problem(rng: random.Random, cfg: ArithmeticSettings) -> dict[str, Any]:
     n_ops = rng.randint(cfg.min_ops, cfg.max_ops)
     first = rng.randint(0, cfg.max_operand)
     ops = [(rng.choice(cfg.operators), rng.randint(0, cfg.max_operand)) for _ in range(n_ops)]
@@ -47,7 +65,7 @@ def make_problem(rng: random.Random, cfg: ArithmeticTaskConfig) -> dict[str, Any
     return {"prompt": f"Compute {expression}.", "answer": str(value), "solution": solution}
 
 
-def arithmetic_split(cfg: ArithmeticTaskConfig, split: str, seed: int) -> list[dict[str, Any]]:
+def arithmetic_split(cfg: ArithmeticSettings, split: str, seed: int) -> list[dict[str, Any]]:
     """The train or test split; held-out problems never repeat a training expression."""
     if split not in SPLIT_SALT:
         raise ValueError(f"builtin:arithmetic has splits train and test, not {split!r}")

@@ -6,19 +6,29 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from gspo_cli.data.arithmetic import arithmetic_split
+from gspo_cli.data.arithmetic import ArithmeticSettings, arithmetic_split
 from gspo_cli.data.benchmarks import build_prompt, load_benchmark
 from gspo_cli.errors import GspoError
 from gspo_cli.registry import UnknownNameError
 
-if TYPE_CHECKING:
-    from gspo_cli.recipe.schema import DataConfig
-
 BUILTIN_TASK_PREFIX = "builtin:"  # builtin:arithmetic
 BENCHMARK_PREFIX = "benchmark:"  # benchmark:NAME or benchmark:NAME:PATH (a local file/folder)
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+class RowSettings(Protocol):
+    """What reading rows needs of the recipe's data section (read-only here)."""
+
+    @property
+    def prompt_column(self) -> str: ...
+    @property
+    def answer_column(self) -> str: ...
+    @property
+    def arithmetic(self) -> ArithmeticSettings: ...
+    @property
+    def seed(self) -> int: ...
 
 
 def split_benchmark_source(source: str) -> tuple[str, str | None] | None:
@@ -29,7 +39,7 @@ def split_benchmark_source(source: str) -> tuple[str, str | None] | None:
     return name, path or None
 
 
-def load_rows(source: str, split: str, cfg: DataConfig) -> list[dict[str, Any]]:
+def load_rows(source: str, split: str, cfg: RowSettings) -> list[dict[str, Any]]:
     """Rows with at least `prompt` and `answer` keys (renamed from the recipe's columns)."""
     if source.startswith(BUILTIN_TASK_PREFIX):
         task = source.removeprefix(BUILTIN_TASK_PREFIX)

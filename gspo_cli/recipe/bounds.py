@@ -17,7 +17,9 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gspo_cli.recipe.schema import Recipe, looks_local
+from gspo_cli.engines import ROLLOUT_ENGINES
+from gspo_cli.recipe.schema import Recipe
+from gspo_cli.recipe.section import looks_local
 from gspo_cli.run_folder import HF_CONFIG
 
 log = logging.getLogger(__name__)
@@ -182,7 +184,8 @@ def estimate_memory(recipe: Recipe, shape: ModelShape) -> MemoryEstimate | None:
     rows = rollout.num_prompts * rollout.group_size
     row_tokens = recipe.data.max_prompt_tokens + rollout.max_new_tokens
     # vLLM sizes its own cache (rollout.vllm); the hf engine's grows with the rows it runs.
-    generated = min(rows, HF_GENERATE_ROWS) if rollout.engine == "hf" else 0
+    in_trainer = ROLLOUT_ENGINES.get(rollout.engine).runs_in_trainer
+    generated = min(rows, HF_GENERATE_ROWS) if in_trainer else 0
     kv_cache = generated * row_tokens * 2 * layers * kv_heads * head_dim * dtype  # K and V
     micro_rows = trainer.micro_batch_size or rows // recipe.algorithm.minibatches
     micro_tokens = micro_rows * row_tokens

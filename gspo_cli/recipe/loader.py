@@ -17,7 +17,8 @@ from pydantic import BaseModel, ValidationError
 from gspo_cli.data.sources import BENCHMARK_PREFIX, split_benchmark_source
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe.bounds import size_problems, warn_memory
-from gspo_cli.recipe.schema import Recipe, looks_local
+from gspo_cli.recipe.schema import Recipe
+from gspo_cli.recipe.section import looks_local
 
 BASE_KEY = "base"
 

@@ -3,11 +3,10 @@
 This package's top level imports no transformers or vLLM: the engines load only when chosen.
 """
 
-from gspo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
-from gspo_cli.rollout.engines import ROLLOUT_ENGINES, EngineSpec, make_rollout_engine
+from gspo_cli.rollout.base import EngineSpec, RolloutBatch, RolloutEngine, SamplingParams
+from gspo_cli.rollout.engines import make_rollout_engine
 
 __all__ = [
-    "ROLLOUT_ENGINES",
     "EngineSpec",
     "RolloutBatch",
     "RolloutEngine",

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from gspo_cli.models.forward.capabilities import ModelCapabilities
+
+Weights = Callable[[], Iterable[tuple[str, torch.Tensor]]]
 
 
 @dataclass(frozen=True)
@@ -57,3 +65,21 @@ class RolloutEngine(Protocol):
     def close(self) -> None:
         """Free what the engine holds (memory, worker threads, temporary folders)."""
         ...
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What building a rollout engine needs (gspo_cli/engines.py lists the engines).
+
+    `weights` yields the trainer's full, current parameters by HF name (gathered under ZeRO-3):
+    an engine that keeps its own copy of the model (vLLM) syncs from it. `capabilities`: the
+    training engine's decision about the model's forward; None: decided from the model.
+    """
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    weights: Weights
+    seed: int = 0
+    synced_gpus: bool = False  # HF under ZeRO-3 with several ranks
+    options: dict[str, Any] = field(default_factory=dict)  # the engine's own recipe section
+    capabilities: ModelCapabilities | None = None

@@ -20,7 +20,7 @@ from typing import Protocol, cast, runtime_checkable
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
-from gspo_cli.distinct import distinct_rows
+from gspo_cli.models.forward.distinct import distinct_rows
 
 
 @runtime_checkable
@@ -28,13 +28,6 @@ class RowAware(Protocol):
     def step_done(self, chosen: torch.Tensor, going: torch.Tensor) -> None:
         """`chosen` `[a]`: the tokens just picked for the current rows; `going` `[k]`: the
         indices (into the current rows) of those that stay; the others leave the batch."""
-
-
-def can_drop_finished(model: PreTrainedModel) -> bool:
-    """Whether the loop's `DynamicCache` is this model's cache (not for xLSTM, RWKV, ...), as
-    transformers' own `generate` decides it; unknown: no (`generate` then runs instead)."""
-    supports = getattr(type(model), "_supports_default_dynamic_cache", None)
-    return bool(supports()) if callable(supports) else False
 
 
 @torch.no_grad()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
 
 import torch
 from transformers import (
@@ -22,9 +23,10 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from gspo_cli.models.forward.capabilities import ModelCapabilities, capabilities_of
 from gspo_cli.models.routing import ExpertRouting, Recording, RoutingError
 from gspo_cli.rollout.base import RolloutBatch, SamplingParams
-from gspo_cli.rollout.decode import can_drop_finished, decode_dropping_finished
+from gspo_cli.rollout.decode import decode_dropping_finished
 from gspo_cli.rollout.seeded import GumbelMaxSampling, row_seeds
 
 log = logging.getLogger(__name__)
@@ -103,11 +105,19 @@ class HFGenerateEngine:
         tokenizer: PreTrainedTokenizerBase,
         max_batch: int = 256,
         synced_gpus: bool = False,
+        capabilities: ModelCapabilities | None = None,
+        *,
+        extra_processors: Sequence[LogitsProcessor] = (),
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = max_batch  # sequences per generate call, to bound memory
         self.synced_gpus = synced_gpus  # ZeRO-3: every rank joins every forward
+        # the training engine's decision about the model's forward; eval: the model's own
+        self.capabilities = capabilities or capabilities_of(model)
+        # run after ours on every sampled token (a benchmark's length control, say); a stateful
+        # one sees every generate call of this engine
+        self.extra_processors = list(extra_processors)
         self._warned = False
 
     def sync_weights(self) -> None:
@@ -122,7 +132,7 @@ class HFGenerateEngine:
     ) -> RolloutBatch:
         batch = RolloutBatch([], [], [] if params.logprobs else None, [], [])
         if params.routed_experts:
-            if ExpertRouting.of(self.model) is None:
+            if not self.capabilities.records_routing:
                 raise RoutingError("routed experts asked of a dense model")
             batch.routed_experts = []
         was_training = self.model.training
@@ -171,7 +181,8 @@ class HFGenerateEngine:
         seeds: list[int] | None,
     ) -> LogitsProcessorList:
         """Our own list, in order: record raw log-probs first, then temperature, top-k, top-p,
-        then Gumbel noise for a greedy pick where `_gumbel_sampling` says so."""
+        then Gumbel noise for a greedy pick where `_gumbel_sampling` says so; the caller's
+        `extra_processors` last."""
         processors = LogitsProcessorList([recorder] if recorder is not None else [])
         if params.temperature > 0:
             if params.temperature != 1.0:
@@ -182,6 +193,7 @@ class HFGenerateEngine:
                 processors.append(TopPLogitsWarper(params.top_p))
             if self._gumbel_sampling(params, seeds):
                 processors.append(GumbelMaxSampling(seeds, self._device))
+        processors.extend(self.extra_processors)
         return processors
 
     @property
@@ -246,7 +258,7 @@ class HFGenerateEngine:
         do_sample = params.temperature > 0 and not self._gumbel_sampling(params, seeds)
         processors = self._processors(params, recorder, seeds)
         loop = drop_finished and not do_sample and not self.synced_gpus
-        if loop and can_drop_finished(self.model):
+        if loop and self.capabilities.drops_finished_rows:
             return decode_dropping_finished(
                 self.model,
                 input_ids.to(device),

@@ -31,8 +31,7 @@ import torch
 
 from gspo_cli.errors import GspoError
 from gspo_cli.models.routing import is_moe
-from gspo_cli.rollout.base import RolloutBatch, SamplingParams
-from gspo_cli.rollout.engines import EngineSpec
+from gspo_cli.rollout.base import EngineSpec, RolloutBatch, SamplingParams
 
 DEFAULT_TIMEOUT_S = 600.0
 CPU_KV_CACHE_GB = 0.5

@@ -20,16 +20,13 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gspo_cli.errors import GspoError
-from gspo_cli.recipe.schema import Recipe
-from gspo_cli.train.batch import TrainBatch
+from gspo_cli.models.forward.batch import TrainBatch
+from gspo_cli.models.forward.capabilities import ModelCapabilities, capabilities_of
+from gspo_cli.models.forward.logprobs import EntropyMode, response_logprobs
 from gspo_cli.train.distributed import DistContext
-from gspo_cli.train.engine import (
-    UpdateFailed,
-    adamw_with_schedule,
-    optimizer_steps,
-    set_schedule_peak,
-)
-from gspo_cli.train.logprobs import EntropyMode, response_logprobs
+from gspo_cli.train.engine import UpdateFailed
+from gspo_cli.train.engine_settings import EngineSettings
+from gspo_cli.train.optimiser import adamw_with_schedule, set_schedule_peak
 
 # Keys the recipe owns; a user's JSON may repeat them only with the same value.
 RECIPE_OWNED = (
@@ -43,23 +40,22 @@ RECIPE_OWNED = (
 )
 
 
-def micro_batches_per_step(recipe: Recipe, world: int) -> tuple[int, int]:
+def micro_batches_per_step(settings: EngineSettings, world: int) -> tuple[int, int]:
     """(micro-batch size, micro-batches per optimiser step) on one rank."""
-    batch = recipe.rollout.num_prompts * recipe.rollout.group_size
-    local_minibatch = batch // recipe.algorithm.minibatches // world
-    micro = recipe.trainer.micro_batch_size or local_minibatch
+    local_minibatch = settings.rows_per_minibatch // world
+    micro = settings.micro_batch_size or local_minibatch
     return micro, local_minibatch // micro
 
 
-def deepspeed_config(recipe: Recipe, world: int) -> dict[str, Any]:
-    """The DeepSpeed JSON for this recipe, merged over the user's file if one is given."""
-    cfg = recipe.deepspeed
-    micro, accumulation = micro_batches_per_step(recipe, world)
+def deepspeed_config(settings: EngineSettings, world: int) -> dict[str, Any]:
+    """The DeepSpeed JSON for these settings, merged over the user's file if one is given."""
+    cfg = settings.deepspeed
+    micro, accumulation = micro_batches_per_step(settings, world)
     derived: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accumulation,
-        "gradient_clipping": recipe.optimizer.max_grad_norm,
-        "bf16": {"enabled": recipe.model.dtype == "bfloat16"},
+        "gradient_clipping": settings.optimizer.max_grad_norm,
+        "bf16": {"enabled": settings.bf16},
         "zero_optimization": {"stage": cfg.zero_stage},
         "steps_per_print": 10**9,  # progress is ours
         "wall_clock_breakdown": False,
@@ -95,34 +91,46 @@ def deepspeed_config(recipe: Recipe, world: int) -> dict[str, Any]:
 class DeepSpeedEngine:
     """A `TrainEngine` on `deepspeed.initialize`, with the recipe's AdamW and schedule."""
 
-    def __init__(self, model: PreTrainedModel, recipe: Recipe, ctx: DistContext) -> None:
+    def __init__(self, model: PreTrainedModel, settings: EngineSettings, ctx: DistContext) -> None:
         import deepspeed
 
         optimizer, scheduler = adamw_with_schedule(
-            list(model.parameters()), recipe.optimizer, optimizer_steps(recipe)
+            list(model.parameters()), settings.optimizer, settings.optimizer_steps
         )
         self.ctx = ctx
-        self.zero_stage = recipe.deepspeed.zero_stage
+        self.zero_stage = settings.deepspeed.zero_stage
         self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model,
             optimizer=optimizer,
             lr_scheduler=scheduler,
-            config=deepspeed_config(recipe, ctx.world),
+            config=deepspeed_config(settings, ctx.world),
         )
         self.model: PreTrainedModel = self.ds.module
+        # DeepSpeed's own forward, never the hand-written head (ZeRO-3 gathers the weights only
+        # inside it) and so never shared prompts; decoding and routing are the model's.
+        own = capabilities_of(self.model)
+        self.capabilities = ModelCapabilities(
+            plain_head=False,
+            shares_prompts=False,
+            attention_window=own.attention_window,
+            drops_finished_rows=own.drops_finished_rows,
+            records_routing=own.records_routing,
+        )
 
     @property
     def allows_resharding(self) -> bool:
         """ZeRO-0 keeps whole optimizer states; ZeRO 1-3 partition them per rank."""
         return self.zero_stage == 0
 
+    @property
+    def partitions_weights(self) -> bool:
+        return self.zero_stage == 3
+
     def logprobs(
         self, batch: TrainBatch, temperature: float, entropy: EntropyMode = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return response_logprobs(self.ds, batch.to(self.ds.device), temperature, entropy)
-
-    def shares_prompts(self, batch: TrainBatch) -> bool:
-        return False  # the DeepSpeed engine takes the model's own logits (see logprobs)
+        device = self.ds.device
+        return response_logprobs(self.ds, batch.to(device), temperature, entropy, self.capabilities)
 
     def backward(self, loss: torch.Tensor | None, boundary: bool) -> None:
         # DeepSpeed averages gradients over ranks; the loss is normalised by global counts, so

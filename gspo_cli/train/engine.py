@@ -1,13 +1,14 @@
 """Training engines behind one Protocol; this file ships the plain-torch, one-process engine.
 
-Every engine is built the same way, `Engine(model, recipe, ctx)`, and registered by the name
-`trainer.engine` takes; `make_engine` is the only place that chooses one.
+Every engine is built the same way, `Engine(model, settings, ctx)` from plain settings
+(engine_settings.py), and listed under the name `trainer.engine` takes in gspo_cli/engines.py;
+`train/engines.make_engine` is the only place that chooses one.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -15,23 +16,30 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gspo_cli.errors import GspoError
+from gspo_cli.models.forward.batch import TrainBatch
+from gspo_cli.models.forward.capabilities import ModelCapabilities, capabilities_of
+from gspo_cli.models.forward.logprobs import EntropyMode, response_logprobs
 from gspo_cli.models.loading import restore_weights
-from gspo_cli.recipe.schema import OptimizerConfig, Recipe
-from gspo_cli.registry import Registry
-from gspo_cli.train.batch import TrainBatch
 from gspo_cli.train.distributed import DistContext
-from gspo_cli.train.logprobs import EntropyMode, prompts_shared, response_logprobs
-from gspo_cli.train.schedule import lr_lambda
+from gspo_cli.train.engine_settings import EngineSettings
+from gspo_cli.train.optimiser import OPTIMIZER_FILE, adamw_with_schedule, set_schedule_peak
 
 
 class TrainEngine(Protocol):
     """What the RL loop needs from a training backend (plain torch, DeepSpeed)."""
 
     model: PreTrainedModel
+    capabilities: ModelCapabilities  # decided once, when the engine wrapped the model
 
     @property
     def allows_resharding(self) -> bool:
         """Whether a checkpoint resumes at another world size (whole, unpartitioned state)."""
+        ...
+
+    @property
+    def partitions_weights(self) -> bool:
+        """Whether each rank holds only a part of the weights (ZeRO-3): a forward needs every
+        rank, so rollouts on the trainer's model run in step on all of them."""
         ...
 
     def logprobs(
@@ -39,10 +47,6 @@ class TrainEngine(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`[n, T]` response log-probs (with grad) and, when asked, entropy (with grad where
         `entropy` is "grad", see logprobs.EntropyMode)."""
-        ...
-
-    def shares_prompts(self, batch: TrainBatch) -> bool:
-        """Whether `logprobs` runs each distinct prompt of `batch`'s rows once."""
         ...
 
     def backward(self, loss: torch.Tensor | None, boundary: bool) -> None:
@@ -85,9 +89,6 @@ class TrainEngine(Protocol):
         ...
 
 
-OPTIMIZER_FILE = "optimizer.pt"
-
-
 class UpdateFailed(GspoError):
     """An update was applied and cannot be taken back (DeepSpeed: a non-finite gradient norm).
     The loop hands it to the guards, which roll back or stop with the command to resume."""
@@ -106,61 +107,30 @@ class FrozenPolicy:
 
     def __init__(self, model: PreTrainedModel, share_prompts: bool = False) -> None:
         self.model = model
-        self.share_prompts = share_prompts
+        self.capabilities = capabilities_of(model, share_prompts=share_prompts)
 
     def logprobs(
         self, batch: TrainBatch, temperature: float, entropy: EntropyMode = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         device = next(self.model.parameters()).device
         return response_logprobs(
-            self.model, batch.to(device), temperature, entropy, self.share_prompts
+            self.model, batch.to(device), temperature, entropy, self.capabilities
         )
-
-
-def optimizer_steps(recipe: Recipe) -> int:
-    """Optimiser steps in the whole run: one per minibatch of every RL step."""
-    return recipe.trainer.steps * recipe.algorithm.minibatches
-
-
-def adamw_with_schedule(
-    params: list[torch.nn.Parameter], cfg: OptimizerConfig, total_steps: int
-) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """The recipe's AdamW and its warm-up/decay schedule (shared by every engine)."""
-    optimizer = torch.optim.AdamW(
-        params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(cfg.schedule, cfg.warmup_steps, total_steps, cfg.min_lr_ratio)
-    )
-    return optimizer, scheduler
-
-
-def set_schedule_peak(scheduler: torch.optim.lr_scheduler.LambdaLR, lr: float) -> None:
-    """Give `scheduler` the peak `lr` at the step it has reached. A restored LambdaLR keeps the
-    checkpoint's base lrs (and the optimizer its current lr), which would override a recipe
-    whose optimizer.lr changed on resume; the decay function itself is never saved (a closure),
-    so it is already the recipe's."""
-    scheduler.base_lrs = [lr for _ in scheduler.base_lrs]
-    step = scheduler.last_epoch
-    for group, fn in zip(scheduler.optimizer.param_groups, scheduler.lr_lambdas, strict=True):
-        group["initial_lr"] = lr
-        group["lr"] = lr * fn(step)
 
 
 class TorchEngine:
     """AdamW + LambdaLR on one device; gradient accumulation is the caller's backward calls."""
 
     allows_resharding = True  # one process holds the whole optimizer state
+    partitions_weights = False
 
-    def __init__(self, model: PreTrainedModel, recipe: Recipe, ctx: DistContext) -> None:
-        if ctx.world > 1:
-            raise GspoError("several processes need trainer.engine: deepspeed")
+    def __init__(self, model: PreTrainedModel, settings: EngineSettings, ctx: DistContext) -> None:
         self.model = model
-        self.share_prompts = recipe.trainer.share_prompts
-        self.max_grad_norm = recipe.optimizer.max_grad_norm
+        self.capabilities = capabilities_of(model, share_prompts=settings.share_prompts)
+        self.max_grad_norm = settings.optimizer.max_grad_norm
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = adamw_with_schedule(
-            params, recipe.optimizer, optimizer_steps(recipe)
+            params, settings.optimizer, settings.optimizer_steps
         )
 
     def logprobs(
@@ -168,11 +138,8 @@ class TorchEngine:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         device = next(self.model.parameters()).device
         return response_logprobs(
-            self.model, batch.to(device), temperature, entropy, self.share_prompts
+            self.model, batch.to(device), temperature, entropy, self.capabilities
         )
-
-    def shares_prompts(self, batch: TrainBatch) -> bool:
-        return self.share_prompts and prompts_shared(self.model, batch)
 
     def backward(self, loss: torch.Tensor | None, boundary: bool) -> None:
         if loss is not None:
@@ -220,19 +187,3 @@ class TorchEngine:
 
     def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         yield from self.model.state_dict().items()
-
-
-EngineFactory = Callable[[PreTrainedModel, Recipe, DistContext], TrainEngine]
-TRAIN_ENGINES: Registry[EngineFactory] = Registry("training engine")
-TRAIN_ENGINES.add("torch", TorchEngine)
-
-
-@TRAIN_ENGINES.register("deepspeed")
-def _deepspeed(model: PreTrainedModel, recipe: Recipe, ctx: DistContext) -> TrainEngine:
-    from gspo_cli.train.ds_engine import DeepSpeedEngine  # imports deepspeed: only when chosen
-
-    return DeepSpeedEngine(model, recipe, ctx)
-
-
-def make_engine(model: PreTrainedModel, recipe: Recipe, ctx: DistContext) -> TrainEngine:
-    return TRAIN_ENGINES.get(recipe.trainer.engine)(model, recipe, ctx)

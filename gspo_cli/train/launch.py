@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
-from gspo_cli.run_folder import check_run_folder, run_dir_of
+from gspo_cli.run_folder import check_run_folder
 from gspo_cli.train.distributed import check_world_size, free_port
 from gspo_cli.train.signals import Stopped
 from gspo_cli.train.torchrun import LAUNCHER_PID
@@ -43,13 +43,12 @@ def launch(
     recipe_file: Path,
     overrides: list[str],
     recipe: Recipe,
-    out: Path | None,
+    run_dir: Path,
     resume: bool,
     nproc: int,
     hostfile: Path | None,
 ) -> int:
     """Run the training command under a launcher; returns its exit code."""
-    run_dir = run_dir_of(recipe, out)
     check_run_folder(run_dir, resume)
     check_world_size(recipe, nproc)
     args = ["train", str(recipe_file), "--out", str(run_dir)]

@@ -29,30 +29,27 @@ from gspo_cli.run_folder import CHECKPOINTS, COLD_START, SAMPLES, SUMMARY, write
 from gspo_cli.train.checkpoint import (
     checkpoint_at_or_before,
     latest_checkpoint,
-    load_trainer_state,
     roll_back_to,
-    set_rng_state,
 )
+from gspo_cli.train.cold_start import load_recipe_model, run_cold_start
 from gspo_cli.train.console import TrainingDisplay
+from gspo_cli.train.device import peak_memory_mb, resolve_device
 from gspo_cli.train.dynamic_sampling import Sampling, collect_step, short_notice
 from gspo_cli.train.engine import UpdateFailed
 from gspo_cli.train.guard import Decision, Guard, resume_advice, rollback_target
 from gspo_cli.train.heldout import heldout_accuracy
 from gspo_cli.train.prepare import PreparedRun, prepare_run
-from gspo_cli.train.reference import refresh, restore_reference
-from gspo_cli.train.run_log import RunLog
-from gspo_cli.train.setup import (
+from gspo_cli.train.problem_sets import (
     Problems,
     eval_params,
     heldout_note,
     heldout_problems,
     load_problems,
-    load_recipe_model,
-    peak_memory_mb,
-    prepare_run_dir,
-    resolve_device,
-    run_cold_start,
 )
+from gspo_cli.train.reference import refresh
+from gspo_cli.train.run_dir import prepare_run_dir
+from gspo_cli.train.run_log import RunLog
+from gspo_cli.train.run_state import restore_checkpoint
 from gspo_cli.train.signals import stop_on_signals
 from gspo_cli.train.step import train_groups
 
@@ -68,13 +65,13 @@ def train(
     recipe: Recipe,
     recipe_yaml: str,
     *,
-    out: Path | None = None,
+    run_dir: Path,
     resume: bool = False,
     console: Console | None = None,
 ) -> TrainResult:
     # SIGTERM asks for a stop at the next step boundary (train/signals.py), from here on.
     with stop_on_signals(recipe.trainer.stop_grace_s) as stop:
-        run = prepare_run(recipe, recipe_yaml, out, resume, console, stop)
+        run = prepare_run(recipe, recipe_yaml, run_dir, resume, console, stop)
         try:
             return run_loop(run)
         finally:
@@ -118,7 +115,10 @@ def run_loop(run: PreparedRun) -> TrainResult:
         run.console.print(f"held-out accuracy before RL: {result.heldout[0]:.1%}", highlight=False)
     trainer = recipe.trainer
     guard = Guard(
-        trainer.max_bad_updates, trainer.on_collapse, trainer.max_rollbacks, rollbacks=run.rollbacks
+        trainer.max_bad_updates,
+        trainer.on_collapse,
+        trainer.max_rollbacks,
+        rollbacks=run.state.rollbacks,
     )
     if 0 in result.heldout:
         guard.detector.observe_heldout(0, result.heldout[0])
@@ -156,7 +156,7 @@ def run_loop(run: PreparedRun) -> TrainResult:
                     continue
             if step % trainer.checkpoint_every == 0 or step == steps:
                 run.save_checkpoint(step)
-            result.steps_done = step
+            result.steps_done = run.state.step = step
             run.stop_at_boundary(step)  # SIGTERM: checkpoint this step (unless just saved), stop
     if ctx.is_main:
         _finish(run.console, run.run_dir, result, run.log.events())
@@ -166,9 +166,9 @@ def run_loop(run: PreparedRun) -> TrainResult:
 def _one_step(run: PreparedRun, step: int) -> tuple[Any, dict[str, float]]:
     """One RL step on this rank's share of the prompts: collection (with dynamic sampling's
     rounds, train/dynamic_sampling.py), then training. After a rollback the sampling seeds are
-    fresh (`run.rollbacks` enters them), so the retried steps draw other samples."""
+    fresh (`run.state.rollbacks` enters them), so the retried steps draw other samples."""
     recipe, ctx = run.recipe, run.ctx
-    step_seed = _seed(recipe.trainer.seed, step, run.rollbacks)
+    step_seed = _seed(recipe.trainer.seed, step, run.state.rollbacks)
     collected = collect_step(
         run.rollout_engine,
         run.reward,
@@ -218,7 +218,7 @@ def _act(run: PreparedRun, step: int, decision: Decision, result: TrainResult, d
         restored = _restore(run, good, result)
         display.note(
             f"step {step}: {reason}; rolled back to {good.name}, learning rate "
-            f"{run.engine.lr:.3g} (x{run.lr_scale:g}), fresh sampling seeds"
+            f"{run.engine.lr:.3g} (x{run.state.lr_scale:g}), fresh sampling seeds"
         )
         return restored
     if good is not None:  # so that --resume starts before the trouble, as the line says
@@ -241,27 +241,31 @@ def _stop_advice(run: PreparedRun, step: int, good: Path | None) -> str:
         )
     else:
         where = "There is no checkpoint yet: a resume starts from step 0"
-    lr = run.recipe.optimizer.lr * run.lr_scale * run.recipe.trainer.rollback_lr_factor
+    lr = run.recipe.optimizer.lr * run.state.lr_scale * run.recipe.trainer.rollback_lr_factor
     command = resume_advice(run.run_dir, lr, run.ctx.world, sys.argv[1:])
     return f"{where}; resume with: {command}"
 
 
 def _restore(run: PreparedRun, folder: Path, result: TrainResult) -> int:
     """Load checkpoint `folder` into the running job and forget the steps after it."""
-    state = load_trainer_state(folder)
-    run.engine.load_state(folder)
-    run.rollbacks += 1
-    run.lr_scale *= run.recipe.trainer.rollback_lr_factor  # compounds over rollbacks
-    run.engine.set_peak_lr(run.recipe.optimizer.lr * run.lr_scale)
-    run.sampler.load_state_dict(state["sampler"])
-    set_rng_state(state["rng"])
-    restored = int(state["step"])
-    every = run.recipe.algorithm.ref_update_every
-    restore_reference(run.ref_engine, every, folder, restored, run.engine)
+    trainer_state = restore_checkpoint(
+        folder,
+        engine=run.engine,
+        sampler=run.sampler,
+        log=run.log,
+        reference=run.ref_engine,
+        ref_update_every=run.recipe.algorithm.ref_update_every,
+        ctx=run.ctx,
+    )
+    restored = int(trainer_state["step"])
+    state = run.state
+    state.step = restored
+    state.rollbacks += 1
+    state.lr_scale *= run.recipe.trainer.rollback_lr_factor  # compounds over rollbacks
+    run.engine.set_peak_lr(run.recipe.optimizer.lr * state.lr_scale)
     # Unseeded sampling draws from the global RNG just restored: without a new seed the
     # retried steps would replay the same rollouts.
-    torch.manual_seed(_seed(run.recipe.trainer.seed, restored, run.rollbacks))
-    run.log.truncate_after(restored)
+    torch.manual_seed(_seed(run.recipe.trainer.seed, restored, state.rollbacks))
     roll_back_to(run.run_dir / CHECKPOINTS, folder, run.ctx)
     for later in [s for s in result.heldout if s > restored]:
         del result.heldout[later]
@@ -313,12 +317,12 @@ def _finish(
 
 
 def run_sft_only(
-    recipe: Recipe, recipe_yaml: str, *, out: Path | None = None, console: Console | None = None
+    recipe: Recipe, recipe_yaml: str, *, run_dir: Path, console: Console | None = None
 ) -> Path:
     """`gspo sft`: the cold start alone, saved as an HF checkpoint, with held-out accuracy."""
     console = console or Console()
     allow_weak_isolation(recipe.reward.sandbox.allow_weak_isolation)  # held-out code problems
-    run_dir = prepare_run_dir(recipe, out, False, recipe_yaml)
+    prepare_run_dir(run_dir, False, recipe_yaml)
     device = resolve_device(recipe.trainer.device)
     model, tokenizer = load_recipe_model(recipe)
     train_set = load_problems(recipe, tokenizer, "train")

@@ -30,9 +30,9 @@ import torch
 
 from gspo_cli.algorithms import mismatch_metrics, rollout_correction
 from gspo_cli.algorithms.losses import SEQUENCE_RATIO_LOSSES
-from gspo_cli.recipe.schema import AlgorithmConfig
+from gspo_cli.models.forward.batch import TrainBatch, pad_logprobs
+from gspo_cli.recipe.algorithm import AlgorithmConfig
 from gspo_cli.rollout.base import RolloutBatch
-from gspo_cli.train.batch import TrainBatch, pad_logprobs
 from gspo_cli.train.distributed import DistContext
 from gspo_cli.train.engine import LogprobModel
 from gspo_cli.train.micro import MicroBatch

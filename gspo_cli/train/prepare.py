@@ -17,38 +17,35 @@ from rich.console import Console
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gspo_cli.data.problems import Problem
-from gspo_cli.errors import GspoError
+from gspo_cli.engines import ROLLOUT_ENGINES, TRAIN_ENGINES
 from gspo_cli.models import load_policy
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
-from gspo_cli.run_folder import CHECKPOINTS, COLD_START, run_dir_of, step_folder
+from gspo_cli.run_folder import CHECKPOINTS, COLD_START, step_folder
 from gspo_cli.train.checkpoint import latest_checkpoint, save_checkpoint
+from gspo_cli.train.cold_start import load_recipe_model, run_cold_start
+from gspo_cli.train.device import resolve_device
 from gspo_cli.train.distributed import (
     DistContext,
     check_world_size,
     context_from_env,
     init_process_group,
 )
-from gspo_cli.train.engine import FrozenPolicy, TrainEngine, make_engine
+from gspo_cli.train.engine import FrozenPolicy, TrainEngine
+from gspo_cli.train.engine_settings import engine_settings
+from gspo_cli.train.engines import check_processes, make_engine
 from gspo_cli.train.guard import rollback_target
 from gspo_cli.train.old_policy import EngineLogprobs, resolve_engine_logprobs
-from gspo_cli.train.reference import reference_state, restore_reference
-from gspo_cli.train.resume import Resumed, resume_changes, resume_from_checkpoint
+from gspo_cli.train.problem_sets import Problems, heldout_note, heldout_problems, load_problems
+from gspo_cli.train.reference import reference_state
+from gspo_cli.train.resume import resume_changes, resume_from_checkpoint
 from gspo_cli.train.rewards import RewardModel
+from gspo_cli.train.run_dir import prepare_run_dir
 from gspo_cli.train.run_log import RunLog, start_wandb
+from gspo_cli.train.run_state import RunState
 from gspo_cli.train.sampler import PromptSampler
-from gspo_cli.train.setup import (
-    Problems,
-    heldout_note,
-    heldout_problems,
-    load_problems,
-    load_recipe_model,
-    prepare_run_dir,
-    resolve_device,
-    run_cold_start,
-)
 from gspo_cli.train.signals import Stopped, StopRequest
 from gspo_cli.train.step import StepSettings
 
@@ -71,10 +68,9 @@ class PreparedRun:
     sampler: PromptSampler
     log: RunLog
     settings: StepSettings
-    start: int  # the last step already done (0 for a new run)
+    state: RunState  # where the run is; `start` is its step when the loop began
     stop: StopRequest  # set by SIGTERM; see stop_at_boundary
-    rollbacks: int = 0  # in the run so far (they enter the sampling seeds)
-    lr_scale: float = 1.0  # the rollbacks' factors on recipe.optimizer.lr
+    start: int = 0  # the last step already done when this process began (0 for a new run)
 
     def close(self) -> None:
         self.log.close()
@@ -84,13 +80,7 @@ class PreparedRun:
 
     def save_checkpoint(self, step: int) -> Path:
         """Checkpoint `step`: weights, optimizer, sampler position and RNG (all ranks call it)."""
-        state = {
-            "sampler": self.sampler.state_dict(),
-            "world": self.ctx.world,
-            "rollbacks": self.rollbacks,
-            "lr_scale": self.lr_scale,
-            "recipe_lr": self.recipe.optimizer.lr,  # a resume that changes it drops lr_scale
-        }
+        state = self.state.trainer_state(self.sampler, self.ctx.world, self.recipe.optimizer.lr)
         if self.ctx.is_main:  # only the main rank writes the trainer state: no copies elsewhere
             state.update(
                 reference_state(self.ref_engine, self.recipe.algorithm.ref_update_every, step)
@@ -124,23 +114,23 @@ class PreparedRun:
 def prepare_run(
     recipe: Recipe,
     recipe_yaml: str,
-    out: Path | None,
+    run_dir: Path,
     resume: bool,
     console: Console | None,
     stop: StopRequest | None = None,
 ) -> PreparedRun:
-    """Processes, run folder, model (after the cold start), engines, rewards and resume state.
+    """Processes, run folder `run_dir` (resolved once, by the command), model (after the cold
+    start), engines, rewards and resume state.
 
     `stop` is the SIGTERM request the loop polls (`stop_on_signals`); None: never set."""
     ctx = context_from_env()
     device = resolve_device(recipe.trainer.device, ctx.local_rank)
-    if ctx.world > 1 and recipe.trainer.engine != "deepspeed":
-        raise GspoError("several processes need trainer.engine: deepspeed")
+    check_processes(recipe.trainer.engine, ctx.world)
     check_world_size(recipe, ctx.world)
-    if recipe.trainer.engine == "deepspeed":
+    if TRAIN_ENGINES.get(recipe.trainer.engine).several_processes:
         init_process_group(ctx, device)
     console = (console or Console()) if ctx.is_main else Console(quiet=True)
-    run_dir, changes = _run_dir(recipe, out, resume, recipe_yaml, ctx)
+    changes = _open_run_dir(run_dir, resume, recipe_yaml, ctx)
     console.print(f"run folder: {run_dir}", highlight=False)  # first, so a user can look in
     for line in changes:
         console.print(line, highlight=False, soft_wrap=True)
@@ -156,15 +146,15 @@ def prepare_run(
         model.gradient_checkpointing_enable()
     model.train()
     ref_engine = _reference(recipe, model)
-    engine = make_engine(model, recipe, ctx)
-    zero3 = recipe.trainer.engine == "deepspeed" and recipe.deepspeed.zero_stage == 3
+    engine = make_engine(recipe.trainer.engine, model, engine_settings(recipe), ctx)
     spec = EngineSpec(
         engine.model,
         tokenizer,
         engine.full_weights,
         seed=recipe.trainer.seed + ctx.rank,
-        synced_gpus=zero3 and ctx.world > 1,
+        synced_gpus=engine.partitions_weights and ctx.world > 1,
         options=recipe.rollout.vllm.model_dump(),
+        capabilities=engine.capabilities,
     )
     rollout_engine = make_rollout_engine(recipe.rollout.engine, spec)
     math_pool = MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s)
@@ -172,29 +162,28 @@ def prepare_run(
     sampler = PromptSampler(len(train_set.rows), recipe.data.seed + recipe.trainer.seed)
     wandb_run = _wandb(recipe, run_dir, resume) if ctx.is_main else None
     log = RunLog(run_dir, wandb_run, enabled=ctx.is_main)
-    resumed = Resumed()
+    state = RunState()
     if resume:
-        resumed = resume_from_checkpoint(run_dir, recipe, engine, sampler, log, ctx, console)
-        folder = run_dir / CHECKPOINTS / step_folder(resumed.step)
-        every = recipe.algorithm.ref_update_every
-        restore_reference(ref_engine, every, folder, resumed.step, engine)
+        state = resume_from_checkpoint(
+            run_dir, recipe, engine, sampler, log, ref_engine, ctx, console
+        )
     else:
         torch.manual_seed(recipe.trainer.seed)
     settings = StepSettings(
-        recipe.algorithm,
-        rollout_params(recipe),
-        recipe.trainer.micro_batch_size,
-        engine_logprobs_mode(recipe),
-        int(tokenizer.pad_token_id),
-        recipe.trainer.max_tokens_per_micro_batch,
-        recipe.trainer.skip_zero_advantage,
+        algorithm=recipe.algorithm,
+        sampling=rollout_params(recipe),
+        pad_id=int(tokenizer.pad_token_id),
+        micro_batch_size=recipe.trainer.micro_batch_size,
+        use_engine_logprobs=engine_logprobs_mode(recipe),
+        max_tokens_per_micro_batch=recipe.trainer.max_tokens_per_micro_batch,
+        skip_zero_advantage=recipe.trainer.skip_zero_advantage,
         overlong_buffer=recipe.reward.overlong_buffer,
         overlong_penalty=recipe.reward.overlong_penalty,
     )
     return PreparedRun(
         recipe, ctx, device, run_dir, console, tokenizer, train_set, eval_problems, engine,
-        rollout_engine, ref_engine, reward, math_pool, sampler, log, settings, resumed.step,
-        stop or StopRequest(), resumed.rollbacks, resumed.lr_scale,
+        rollout_engine, ref_engine, reward, math_pool, sampler, log, settings, state,
+        stop or StopRequest(), state.step,
     )  # fmt: skip
 
 
@@ -218,7 +207,7 @@ def rollout_params(recipe: Recipe) -> SamplingParams:
     wanted = (
         engine_logprobs_mode(recipe) is not False
         or recipe.algorithm.rollout_correction != "off"
-        or (r.engine != "hf" and r.top_p == 1 and r.top_k == 0)
+        or (ROLLOUT_ENGINES.get(r.engine).keeps_own_weights and r.top_p == 1 and r.top_k == 0)
     )
     return SamplingParams(
         r.temperature,
@@ -231,17 +220,14 @@ def rollout_params(recipe: Recipe) -> SamplingParams:
     )
 
 
-def _run_dir(
-    recipe: Recipe, out: Path | None, resume: bool, recipe_yaml: str, ctx: DistContext
-) -> tuple[Path, list[str]]:
-    """The run folder, ready, and (on resume) the lines that say which settings changed."""
-    run_dir = run_dir_of(recipe, out)
+def _open_run_dir(run_dir: Path, resume: bool, recipe_yaml: str, ctx: DistContext) -> list[str]:
+    """Make the run folder ready; on resume, the lines that say which settings changed."""
     changes: list[str] = []
     if ctx.is_main:
         changes = resume_changes(run_dir, recipe_yaml) if resume else []
-        prepare_run_dir(recipe, run_dir, resume, recipe_yaml)  # refuses what may not change
+        prepare_run_dir(run_dir, resume, recipe_yaml)  # refuses what may not change
     ctx.barrier()
-    return run_dir, changes
+    return changes
 
 
 def _after_cold_start(

@@ -10,7 +10,9 @@
   minibatch m's sequences is recorded during their training forward (free: the choice is seen
   even when replay overrides it); after the update, one no-grad forward of the probe alone
   measures it again, under the same replay as before it (so a replayed upstream layer does not
-  count as a change). Response tokens only; per update and per layer.
+  count as a change). Response tokens only; per update and per layer. `measure_volatility=False`
+  (`StepSettings.measure_volatility`) leaves the probe out: no recording, no forward after an
+  update, no volatility metrics.
 
 Dense models get a `StepRouting` that does nothing.
 """
@@ -23,6 +25,8 @@ from contextlib import ExitStack, contextmanager
 import torch
 from transformers import PreTrainedModel
 
+from gspo_cli.models.forward.batch import TrainBatch
+from gspo_cli.models.forward.capabilities import capabilities_of
 from gspo_cli.models.routing import (
     ExpertRouting,
     join_rows,
@@ -30,7 +34,6 @@ from gspo_cli.models.routing import (
     split_rows,
     volatility,
 )
-from gspo_cli.train.batch import TrainBatch
 
 PROBE_ROWS = 2  # sequences per update whose routing is measured again after it
 
@@ -52,9 +55,16 @@ class StepRouting:
         n: int,
         rollout_routing: list[torch.Tensor] | None,
         aux_coef: float,
+        *,
+        records_routing: bool | None = None,
+        measure_volatility: bool = True,
     ) -> None:
         self.model = model
-        self.routing = ExpertRouting.of(model)
+        # `records_routing`: the engine's capabilities (None: the model's own, as in tests)
+        if records_routing is None:
+            records_routing = capabilities_of(model).records_routing
+        self.routing = ExpertRouting.of(model) if records_routing else None
+        self.measure_volatility = measure_volatility
         self.mode = mode if self.routing is not None else "off"
         self.aux_coef = aux_coef if self.routing is not None else 0.0
         # Per sequence `[L, positions, k]`: the experts every training forward is held to.
@@ -93,15 +103,17 @@ class StepRouting:
         self, sub: TrainBatch, index: torch.Tensor, probe: torch.Tensor | None
     ) -> Iterator[list[torch.Tensor] | None]:
         """A training forward of rows `index`: replays the cached experts (R2/R3), records the
-        router's own choice for the probe rows (the first rows of `index`, when given) and
-        yields the routers' logits when the aux loss is on (else None)."""
+        router's own choice for the probe rows (the first rows of `index`, when given and
+        volatility is measured) and yields the routers' logits when the aux loss is on (else
+        None)."""
         if self.routing is None:
             yield None
             return
         with ExitStack() as stack:
             if self.mode != "off":
                 stack.enter_context(self._replay(sub, index))
-            recording = stack.enter_context(self.routing.record()) if probe is not None else None
+            measured = probe is not None and self.measure_volatility
+            recording = stack.enter_context(self.routing.record()) if measured else None
             logits = (
                 stack.enter_context(self.routing.router_logits_of(self.model))
                 if self.aux_coef > 0

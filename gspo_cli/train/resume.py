@@ -10,8 +10,6 @@ refused with its keys named, since the checkpoint was made with the old values.
 
 from __future__ import annotations
 
-import shlex
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +19,11 @@ from rich.console import Console
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.run_folder import CHECKPOINTS, COLD_START, HF_CONFIG, LATEST, RECIPE
-from gspo_cli.train.checkpoint import (
-    checkpoint_at_or_before,
-    latest_checkpoint,
-    load_trainer_state,
-    set_rng_state,
-)
+from gspo_cli.train.checkpoint import latest_checkpoint
 from gspo_cli.train.distributed import DistContext
-from gspo_cli.train.engine import TrainEngine
+from gspo_cli.train.engine import FrozenPolicy, TrainEngine
 from gspo_cli.train.run_log import RunLog
+from gspo_cli.train.run_state import RunState, restore_checkpoint
 from gspo_cli.train.sampler import PromptSampler
 
 # What may change on resume (whole sections end in "."): nothing the checkpoint was made with.
@@ -102,25 +96,17 @@ def check_resumable(run_dir: Path, recipe_yaml: str) -> None:
             )
 
 
-@dataclass(frozen=True)
-class Resumed:
-    """Where a run continues: its last step done and the rollbacks it has been through."""
-
-    step: int = 0
-    rollbacks: int = 0
-    lr_scale: float = 1.0  # the rollbacks' learning-rate factors, multiplied
-
-
 def resume_from_checkpoint(
     run_dir: Path,
     recipe: Recipe,
     engine: TrainEngine,
     sampler: PromptSampler,
     log: RunLog,
+    reference: FrozenPolicy | None,
     ctx: DistContext,
     console: Console,
-) -> Resumed:
-    """Load the latest checkpoint into `engine`, `sampler` and the RNGs; cut the logs after it."""
+) -> RunState:
+    """Restore the latest checkpoint (run_state.restore_checkpoint); where it is."""
     root = run_dir / CHECKPOINTS
     if ctx.is_main:
         latest_checkpoint(root)  # removes what a kill during a save left behind
@@ -132,17 +118,21 @@ def resume_from_checkpoint(
             f"no checkpoint in {root}: starting from step 0{kept}", highlight=False, soft_wrap=True
         )
         log.truncate_after(-1)
-        return Resumed()
-    state = load_trainer_state(folder)
-    _load_engine(folder, state, engine, ctx, root)
-    sampler.load_state_dict(state["sampler"])
-    set_rng_state(state["rng"])
-    step = int(state["step"])
-    log.truncate_after(step)
-    resumed = Resumed(step, int(state.get("rollbacks", 0)), _lr_scale(state, recipe))
+        return RunState()
+    every = recipe.algorithm.ref_update_every
+    state = restore_checkpoint(
+        folder,
+        engine=engine,
+        sampler=sampler,
+        log=log,
+        reference=reference,
+        ref_update_every=every,
+        ctx=ctx,
+    )
+    resumed = RunState.from_trainer_state(state, recipe.optimizer.lr)
     engine.set_peak_lr(recipe.optimizer.lr * resumed.lr_scale)
     console.print(
-        f"resume: loaded checkpoint {folder} (step {step})", highlight=False, soft_wrap=True
+        f"resume: loaded checkpoint {folder} (step {resumed.step})", highlight=False, soft_wrap=True
     )
     if resumed.lr_scale != 1.0:
         console.print(
@@ -151,32 +141,3 @@ def resume_from_checkpoint(
             highlight=False,
         )
     return resumed
-
-
-def _load_engine(
-    folder: Path, state: dict[str, Any], engine: TrainEngine, ctx: DistContext, root: Path
-) -> None:
-    saved_world = int(state.get("world", 1))
-    if saved_world != ctx.world and not engine.allows_resharding:
-        raise GspoError(
-            f"checkpoint {folder} was written by {saved_world} process(es); this engine cannot "
-            f"re-partition its optimizer state for {ctx.world}: resume with --nproc {saved_world}"
-        )
-    engine.load_state(folder)
-    if not engine.weights_finite():  # written before the guard existed, or by another tool
-        older = checkpoint_at_or_before(root, int(state["step"]) - 1)
-        hint = (
-            f"the last good one is {older}; to resume from it: printf {older.name} > "
-            f"{shlex.quote(str(root / LATEST))}, then rerun with --resume"
-            if older
-            else "none is older: start over"
-        )
-        raise GspoError(f"checkpoint {folder} holds non-finite weights; {hint}")
-
-
-def _lr_scale(state: dict[str, Any], recipe: Recipe) -> float:
-    """The rollbacks' factor on the recipe's learning rate: kept, unless optimizer.lr changed
-    on this resume (the new value is then the peak, as recipe.yaml says)."""
-    if float(state.get("recipe_lr", recipe.optimizer.lr)) != recipe.optimizer.lr:
-        return 1.0
-    return float(state.get("lr_scale", 1.0))

@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any, NamedTuple
 
 from gspo_cli.errors import GspoError
-from gspo_cli.recipe.schema import RewardConfig, RewardFunctionConfig
+from gspo_cli.recipe.reward import RewardConfig, RewardFunctionConfig
 from gspo_cli.rewards.binding import BoundReward, RewardServices, bind_reward
 from gspo_cli.rewards.code.isolation import allow_weak_isolation, checked_mode
 from gspo_cli.rewards.contract import (

@@ -13,7 +13,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gspo_cli.errors import GspoError
-from gspo_cli.recipe.schema import ColdStartConfig
+from gspo_cli.recipe.trainer import ColdStartConfig
 from gspo_cli.train.schedule import lr_lambda
 
 SOLUTION_KEY = "solution"

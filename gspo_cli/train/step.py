@@ -21,12 +21,12 @@ from gspo_cli.algorithms import (
 from gspo_cli.algorithms.advantages import zero_signal_groups
 from gspo_cli.algorithms.kl import kl_reward_advantages
 from gspo_cli.algorithms.overlong import overlong_penalty
-from gspo_cli.recipe.schema import AlgorithmConfig
+from gspo_cli.models.forward.batch import TrainBatch, build_train_batch
+from gspo_cli.models.forward.logprobs import EntropyMode
+from gspo_cli.recipe.algorithm import AlgorithmConfig
 from gspo_cli.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
-from gspo_cli.train.batch import TrainBatch, build_train_batch
 from gspo_cli.train.distributed import LOCAL, DistContext
 from gspo_cli.train.engine import LogprobModel, TrainEngine
-from gspo_cli.train.logprobs import EntropyMode
 from gspo_cli.train.metric_rules import combine
 from gspo_cli.train.micro import StepPlan, plan_step, rows_with_signal
 from gspo_cli.train.old_policy import (
@@ -43,17 +43,22 @@ from gspo_cli.train.rewards import RewardModel
 from gspo_cli.train.scored import ScoredGroups
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class StepSettings:
+    """What one RL step needs of the recipe, as plain values (built in train/prepare.py)."""
+
     algorithm: AlgorithmConfig
     sampling: SamplingParams
-    micro_batch_size: int  # 0 = a whole minibatch per forward/backward
-    use_engine_logprobs: EngineLogprobs  # resolved (old_policy.resolve_engine_logprobs)
     pad_id: int
+    micro_batch_size: int = 0  # 0 = a whole minibatch per forward/backward
+    use_engine_logprobs: EngineLogprobs = False  # resolved (old_policy.resolve_engine_logprobs)
     max_tokens_per_micro_batch: int = 0  # padded tokens per forward/backward; 0 = no budget
     skip_zero_advantage: bool = True
     overlong_buffer: int = 0  # DAPO's L_cache (reward.overlong_buffer); 0 = no length penalty
     overlong_penalty: float = 1.0  # the penalty at max_new_tokens (reward.overlong_penalty)
+    # MoE: expert volatility across each update (train/replay.py's probe: one no-grad forward of
+    # PROBE_ROWS rows after it); False leaves it out (benchmarks of equal work)
+    measure_volatility: bool = True
 
     @property
     def skips_zero_advantage(self) -> bool:
@@ -267,7 +272,7 @@ def _prepare(
     algo, params = settings.algorithm, settings.sampling
     g, rollout = params.num_samples, scored.rollout
     batch = build_train_batch(rollout, settings.pad_id)
-    n = batch.input_ids.shape[0]
+    n, row_width = batch.input_ids.shape
     if ctx.world > 1 and g % algo.minibatches:
         raise ValueError("with several processes, algorithm.minibatches must divide group_size")
     splits = minibatch_split(n // g, g, algo.minibatches, step_seed, group_offset)
@@ -288,13 +293,16 @@ def _prepare(
             rollout.completion_logprobs is not None and settings.use_engine_logprobs is False
         )
         or settings.kl_in_reward,
-        prompts=torch.arange(n) // g if engine.shares_prompts(batch) else None,  # [N] groups
+        # [N] groups, where the training forward runs each distinct prompt once
+        prompts=torch.arange(n) // g if engine.capabilities.shares_prompts_at(row_width) else None,
     )
     plan = plan_for(rows_with_signal(advantages, settings.skips_zero_advantage) & in_loss)
     temperature = params.temperature
     routing = StepRouting(
-        engine.model, algo.routing_replay, n, rollout.routed_experts, algo.router_aux_coef
-    )
+        engine.model, algo.routing_replay, n, rollout.routed_experts, algo.router_aux_coef,
+        records_routing=engine.capabilities.records_routing,
+        measure_volatility=settings.measure_volatility,
+    )  # fmt: skip
     inputs = PiOldInputs(
         engine, batch, plan.forward, temperature, routing, ctx, engine_logprobs_of(rollout, batch)
     )

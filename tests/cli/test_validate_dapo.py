@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import invoke_cli
+from tests.helpers import invoke_cli
 
 
 @pytest.mark.parametrize(

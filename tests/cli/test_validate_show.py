@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.conftest import REPO, run_cli
+from tests.helpers import REPO, run_cli
 
 
 def test_validate_prints_a_summary_and_exits_0() -> None:

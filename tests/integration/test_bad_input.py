@@ -16,8 +16,7 @@ import torch
 
 from gspo_cli.models import load_policy
 from gspo_cli.recipe import deep_merge
-from tests.conftest import invoke_cli
-from tests.integration.conftest import write_recipe
+from tests.helpers import invoke_cli, write_recipe
 
 GSM8K = Path("benchmarks") / "gsm8k" / "qwen25math_gsm8k_test.jsonl"
 QUICK = {"model": {"path": "builtin:tiny-dense"}, "trainer": {"steps": 1}}

@@ -18,14 +18,15 @@ from gspo_cli.train.checkpoint import (
     set_rng_state,
 )
 from gspo_cli.train.distributed import LOCAL
-from gspo_cli.train.engine import TorchEngine, optimizer_steps
+from gspo_cli.train.engine import TorchEngine
+from gspo_cli.train.engine_settings import engine_settings, optimizer_steps
 from gspo_cli.train.sampler import PromptSampler
 from gspo_cli.train.schedule import lr_lambda
 
 
 def _trained_engine() -> tuple[TorchEngine, object]:
     model, tokenizer = create_builtin("tiny-dense", seed=3)
-    engine = TorchEngine(model, Recipe(), LOCAL)
+    engine = TorchEngine(model, engine_settings(Recipe()), LOCAL)
     ids = torch.randint(0, 90, (2, 8))
     model(input_ids=ids, labels=ids).loss.backward()
     engine.step()
@@ -47,7 +48,7 @@ def test_round_trip_restores_weights_optimizer_scheduler_rng_and_data_position(
     assert folder is not None and folder.name == "step_000007"
     state = load_trainer_state(folder)
     model2, _ = create_builtin("tiny-dense", seed=99)  # different init, overwritten below
-    engine2 = TorchEngine(model2, Recipe(), LOCAL)
+    engine2 = TorchEngine(model2, engine_settings(Recipe()), LOCAL)
     engine2.load_state(folder)
     sampler2 = PromptSampler(10, seed=1)
     sampler2.load_state_dict(state["sampler"])
@@ -125,7 +126,7 @@ def test_a_restored_scheduler_takes_the_new_peak_learning_rate(tmp_path: Path) -
         }
     )
     model2, _ = create_builtin("tiny-dense", seed=3)
-    engine2 = TorchEngine(model2, new, LOCAL)
+    engine2 = TorchEngine(model2, engine_settings(new), LOCAL)
     engine2.load_state(folder)
     assert engine2.lr == pytest.approx(1e-6)  # the checkpoint's, until told otherwise
     engine2.set_peak_lr(5e-4)

@@ -1,7 +1,8 @@
 """Code reward end to end on real problems: LiveCodeBench, CodeContests and LeetCode asserts.
 
-The solutions below were written for these tests from the problem statements; each problem is
-limited to its first few tests so the file stays fast.
+The solutions (in tests/helpers.py, which the eval tests share, and below) were written for these
+tests from the problem statements; each problem is limited to its first few tests so the file
+stays fast.
 """
 
 from __future__ import annotations
@@ -14,57 +15,19 @@ import pytest
 
 from gspo_cli.rewards import REWARDS, code_reward, judge_program
 from gspo_cli.rewards.code import judge_completions
+from tests.helpers import (
+    BAD,
+    CARDS_ABC,
+    GOOD,
+    SMALLEST_SHUFFLE,
+    TAKAHASHI_AOKI,
+    TSHIRTS,
+    fenced,
+)
 
 MAX_TESTS = 10
 BENCH = "benchmarks"
 
-CARDS_ABC = """\
-t = int(input())
-for _ in range(t):
-    s = input().strip()
-    print("YES" if sum(a != b for a, b in zip(s, "abc")) <= 2 else "NO")
-"""
-SENIORS = """\
-class Solution:
-    def countSeniors(self, details: List[str]) -> int:
-        return sum(int(d[11:13]) > 60 for d in details)
-"""
-TAKAHASHI_AOKI = """\
-n = int(input())
-s = input().strip()
-t, a = s.count("T"), s.count("A")
-if t != a:
-    print("T" if t > a else "A")
-else:  # tie: whoever reached the count first, i.e. did not win the last game
-    print("A" if s[-1] == "T" else "T")
-"""
-GOOD = {
-    "codeforces/1873_A": CARDS_ABC,
-    "leetcode/2727": SENIORS,
-    "atcoder/abc301_a": TAKAHASHI_AOKI,
-}
-BAD = {
-    "codeforces/1873_A": "t = int(input())\nfor _ in range(t):\n    input()\n    print('YES')\n",
-    "leetcode/2727": "class Solution:\n    def countSeniors(self, details):\n        return 0\n",
-    "atcoder/abc301_a": "n = int(input())\ns = input()\nprint('T')\n",
-}
-# 12_B "Correct Solution?": is m the smallest number made of n's digits (no leading zero)?
-SMALLEST_SHUFFLE = """\
-n, m = input().strip(), input().strip()
-digits = sorted(n)
-if digits[0] == "0" and len(digits) > 1:
-    first = next(i for i, d in enumerate(digits) if d != "0")
-    digits[0], digits[first] = digits[first], digits[0]
-print("OK" if "".join(digits) == m else "WRONG_ANSWER")
-"""
-# 1000_A "Codehorses T-shirts": equal-length valid sizes differ in one letter.
-TSHIRTS = """\
-from collections import Counter
-n = int(input())
-old = Counter(input().strip() for _ in range(n))
-new = Counter(input().strip() for _ in range(n))
-print(sum((old - new).values()))
-"""
 MIN_OPERATIONS = """\
 class Solution:
     def minOperations(self, nums: List[int], k: int) -> int:
@@ -76,10 +39,6 @@ class Solution:
                 return steps
         return len(nums)
 """
-
-
-def fenced(code: str) -> str:
-    return f"Here is my solution.\n```python\n{code}```\nIt runs in O(n)."
 
 
 def lcb_rows(shared: Path) -> dict[str, dict[str, Any]]:

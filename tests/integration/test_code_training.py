@@ -12,8 +12,7 @@ from gspo_cli.data import load_rows
 from gspo_cli.recipe import load_recipe
 from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.train.rewards import RewardModel
-from tests.conftest import REPO, run_cli
-from tests.integration.test_code_judging import TSHIRTS
+from tests.helpers import REPO, TSHIRTS, run_cli
 
 RECIPE = REPO / "recipes" / "code" / "codeforces-tiny.yaml"
 

@@ -11,8 +11,10 @@ from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import RolloutBatch, SamplingParams
 from gspo_cli.train.distributed import LOCAL
 from gspo_cli.train.engine import TorchEngine
+from gspo_cli.train.engine_settings import engine_settings
 from gspo_cli.train.scored import ScoredGroups
-from gspo_cli.train.step import StepOutput, StepSettings, train_groups
+from gspo_cli.train.step import StepOutput, train_groups
+from tests.rl_helpers import tiny_step
 
 G = 4
 PROMPTS = [[2, 10, 11, 3, 6, 2], [2, 20, 21, 22, 3, 6, 2]]
@@ -46,8 +48,8 @@ def _train(mask_truncated: bool, in_loss: list[bool]) -> StepOutput:
         }
     )
     params = SamplingParams(max_new_tokens=8, num_samples=G)
-    settings = StepSettings(recipe.algorithm, params, 0, False, int(tokenizer.pad_token_id))
-    engine = TorchEngine(model, recipe, LOCAL)
+    settings = tiny_step(recipe, sampling=params, tokenizer=tokenizer)
+    engine = TorchEngine(model, engine_settings(recipe), LOCAL)
     return train_groups(engine, _scored(in_loss), settings, step_seed=0)
 
 

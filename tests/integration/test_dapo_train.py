@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 DAPO = {
     "rollout": {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3},

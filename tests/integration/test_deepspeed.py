@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, invoke_cli, run_cli
-from tests.integration.conftest import write_recipe
+from tests.helpers import REPO, invoke_cli, run_cli, write_recipe
 
 pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.slow

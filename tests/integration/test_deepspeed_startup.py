@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.slow

@@ -11,16 +11,18 @@ import pytest
 import torch
 
 from gspo_cli.models import create_builtin
+from gspo_cli.models.forward.batch import TrainBatch
 from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import RolloutBatch, SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
-from gspo_cli.train.batch import TrainBatch
 from gspo_cli.train.distributed import LOCAL
 from gspo_cli.train.engine import TorchEngine
+from gspo_cli.train.engine_settings import engine_settings
 from gspo_cli.train.guard import Guard
 from gspo_cli.train.old_policy import gap_limit, resolve_engine_logprobs
 from gspo_cli.train.rewards import RewardScores
-from gspo_cli.train.step import StepSettings, rl_step
+from gspo_cli.train.step import rl_step
+from tests.rl_helpers import tiny_step
 
 PROMPTS = [[2, 10, 11, 12, 3, 6, 2], [2, 20, 21, 3, 6, 2], [2, 30, 31, 32, 33, 3, 6, 2]]
 GROUP = 4
@@ -87,8 +89,8 @@ def _step(mode: bool | str, rollout: RolloutBatch, dtype: torch.dtype, temperatu
         {"algorithm": {"name": "gspo", "minibatches": 2}, "optimizer": {"lr": 1e-3}}
     )
     params = SamplingParams(temperature, max_new_tokens=12, num_samples=GROUP, logprobs=True)
-    settings = StepSettings(recipe.algorithm, params, 0, mode, int(tokenizer.pad_token_id))  # type: ignore[arg-type]
-    engine = RecordingEngine(model, recipe, LOCAL)
+    settings = tiny_step(recipe, sampling=params, tokenizer=tokenizer, use_engine_logprobs=mode)
+    engine = RecordingEngine(model, engine_settings(recipe), LOCAL)
     out = rl_step(engine, Replay(rollout), ParityReward(), PROMPTS, ROWS, settings, 0)
     return engine, out.metrics
 

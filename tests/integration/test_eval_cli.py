@@ -26,9 +26,8 @@ from gspo_cli.eval.metrics import pass_at_k
 from gspo_cli.eval.runner import EngineFactory, EvalSettings, run_eval
 from gspo_cli.eval.summary import codeforces_elo
 from gspo_cli.rollout.hf import HFGenerateEngine
-from tests.conftest import REPO, run_cli
 from tests.fixed_engine import fixed_engine
-from tests.integration.test_code_judging import BAD, GOOD, SMALLEST_SHUFFLE, TSHIRTS, fenced
+from tests.helpers import BAD, GOOD, REPO, SMALLEST_SHUFFLE, TSHIRTS, fenced, run_cli
 
 QUICK = ("--samples", "2", "--max-new-tokens", "24", "--limit", "3")
 

@@ -19,9 +19,8 @@ from gspo_cli.data import render_prompt
 from gspo_cli.data.benchmarks import MATH_INSTRUCTION, load_benchmark
 from gspo_cli.data.problems import Problem
 from gspo_cli.eval.runner import EngineFactory, EvalSettings, prompt_builder, run_eval
-from tests.conftest import REPO, invoke_cli
 from tests.fixed_engine import FixedRolloutEngine
-from tests.integration.conftest import write_recipe
+from tests.helpers import REPO, invoke_cli, write_recipe
 
 TEMPLATE = "Q: {prompt}\nEnd with \\boxed{{}}."
 QUESTIONS = [("Compute 1+2.", "3"), ("Compute 4-1.", "3"), ("Compute 2*3.", "6")]

@@ -18,9 +18,10 @@ from gspo_cli.recipe import Recipe, load_recipe
 from gspo_cli.train.checkpoint import save_checkpoint
 from gspo_cli.train.distributed import LOCAL
 from gspo_cli.train.engine import TorchEngine
+from gspo_cli.train.engine_settings import engine_settings
 from gspo_cli.train.loop import run_loop
 from gspo_cli.train.prepare import prepare_run
-from tests.conftest import invoke_cli
+from tests.helpers import invoke_cli
 
 
 def _events(run: Path) -> list[dict[str, object]]:
@@ -54,7 +55,7 @@ def test_a_diverging_run_ends_with_finite_weights_and_a_recorded_decision(
 
 def test_a_non_finite_update_is_not_applied() -> None:
     model, _ = create_builtin("tiny-dense", seed=0)
-    engine = TorchEngine(model, Recipe(), LOCAL)
+    engine = TorchEngine(model, engine_settings(Recipe()), LOCAL)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     ids = torch.randint(0, 90, (2, 8))
     (model(input_ids=ids, labels=ids).loss * float("nan")).backward()
@@ -66,7 +67,7 @@ def test_a_non_finite_update_is_not_applied() -> None:
 
 def test_non_finite_weights_are_never_checkpointed(tmp_path: Path) -> None:
     model, tokenizer = create_builtin("tiny-dense", seed=0)
-    engine = TorchEngine(model, Recipe(), LOCAL)
+    engine = TorchEngine(model, engine_settings(Recipe()), LOCAL)
     save_checkpoint(tmp_path, 1, engine, tokenizer, {"sampler": {}}, keep=2)
     with torch.no_grad():
         next(model.parameters()).fill_(float("inf"))

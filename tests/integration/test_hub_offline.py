@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gspo_cli.models import load_policy
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 # Connection refused at once, on any machine, with or without a network.
 UNREACHABLE = "http://127.0.0.1:9"

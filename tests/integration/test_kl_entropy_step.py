@@ -14,15 +14,17 @@ from gspo_cli.algorithms.advantages import group_advantages
 from gspo_cli.algorithms.kl import kl_reward_penalty
 from gspo_cli.errors import GspoError
 from gspo_cli.models import create_builtin
+from gspo_cli.models.forward.batch import build_train_batch
 from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import RolloutBatch, SamplingParams
 from gspo_cli.run_folder import TRAINER_STATE
-from gspo_cli.train.batch import build_train_batch
 from gspo_cli.train.distributed import LOCAL
 from gspo_cli.train.engine import FrozenPolicy, TorchEngine
+from gspo_cli.train.engine_settings import engine_settings
 from gspo_cli.train.reference import reference_state, refresh, restore_reference
 from gspo_cli.train.rewards import RewardScores
-from gspo_cli.train.step import StepSettings, rl_step
+from gspo_cli.train.step import rl_step
+from tests.rl_helpers import FixedRollout, GradCapturingEngine, tiny_step
 
 GROUP = 4
 PROMPTS = [[2, 10, 11, 12, 3, 6, 2], [2, 20, 21, 3, 6, 2], [2, 40, 3, 6, 2]]
@@ -48,31 +50,6 @@ class FixedReward:
         return RewardScores(list(self.values), [float(v > 0) for v in self.values], {})
 
 
-class FixedRollout:
-    def __init__(self, batch: RolloutBatch) -> None:
-        self.batch = batch
-
-    def sync_weights(self) -> None:
-        pass
-
-    def generate(
-        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
-    ) -> RolloutBatch:
-        return self.batch
-
-
-class GradCapturingEngine(TorchEngine):
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.grads: list[dict[str, torch.Tensor]] = []
-
-    def step(self, skip: bool = False) -> tuple[float, bool]:
-        self.grads.append(
-            {n: p.grad.clone() for n, p in self.model.named_parameters() if p.grad is not None}
-        )
-        return super().step(skip)
-
-
 def _rollout() -> RolloutBatch:
     prompts = [p for p in PROMPTS for _ in range(GROUP)]
     texts = [str(i) for i in range(len(COMPLETIONS))]
@@ -94,9 +71,8 @@ def _run(
         }
     )
     params = SamplingParams(temperature=1.0, max_new_tokens=8, num_samples=GROUP)
-    pad = int(tokenizer.pad_token_id)
-    settings = StepSettings(recipe.algorithm, params, 0, False, pad, skip_zero_advantage=skip)
-    engine = GradCapturingEngine(model.double(), recipe, LOCAL)
+    settings = tiny_step(recipe, sampling=params, tokenizer=tokenizer, skip_zero_advantage=skip)
+    engine = GradCapturingEngine(model.double(), engine_settings(recipe), LOCAL)
     ref = FrozenPolicy(reference.double().eval().requires_grad_(False))
     rows = [{"prompt": "p", "answer": "0"}] * len(PROMPTS)
     out = rl_step(
@@ -119,7 +95,7 @@ def test_kl_in_the_reward_is_the_task_reward_minus_the_summed_kl() -> None:
     model, tokenizer = create_builtin("tiny-dense", seed=0)
     batch = build_train_batch(_rollout(), int(tokenizer.pad_token_id))
     with torch.no_grad():
-        old, _ = TorchEngine(model.double(), Recipe(), LOCAL).logprobs(batch, 1.0)
+        old, _ = TorchEngine(model.double(), engine_settings(Recipe()), LOCAL).logprobs(batch, 1.0)
         ref_lp, _ = ref.logprobs(batch, 1.0)
     mask = batch.response_mask
     by_hand = [REWARDS[i] - 0.05 * float(((old[i] - ref_lp[i]) * mask[i]).sum()) for i in range(12)]
@@ -186,7 +162,7 @@ def test_the_reference_refreshes_every_n_steps_and_comes_back_from_checkpoints(
     tmp_path: Path,
 ) -> None:
     model, _ = create_builtin("tiny-dense", seed=0)
-    engine = TorchEngine(model, Recipe(), LOCAL)
+    engine = TorchEngine(model, engine_settings(Recipe()), LOCAL)
     ref = FrozenPolicy(copy.deepcopy(model).requires_grad_(False))
 
     def same() -> bool:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import invoke_cli, run_cli
+from tests.helpers import invoke_cli, run_cli
 
 SETTINGS = {
     "algorithm": {

@@ -16,9 +16,7 @@ from pathlib import Path
 import pytest
 
 from gspo_cli.run_folder import LOCK
-from tests.conftest import REPO, invoke_cli, run_cli
-from tests.integration.conftest import write_recipe
-from tests.unit.test_run_folder_writers import lock_holder
+from tests.helpers import REPO, invoke_cli, lock_holder, run_cli, write_recipe
 
 QUICK = {
     "model": {"path": "builtin:tiny-dense"},

@@ -18,7 +18,7 @@ from gspo_cli.recipe import load_recipe
 from gspo_cli.train.engine import UpdateFailed
 from gspo_cli.train.loop import run_loop
 from gspo_cli.train.prepare import prepare_run
-from tests.conftest import invoke_cli
+from tests.helpers import invoke_cli
 
 
 def _metrics(run: Path) -> dict[int, dict[str, Any]]:

@@ -11,8 +11,7 @@ import pytest
 
 from gspo_cli.recipe import deep_merge
 from gspo_cli.run_folder import CHECKPOINTS, METRICS, step_folder
-from tests.conftest import invoke_cli
-from tests.integration.conftest import write_recipe
+from tests.helpers import invoke_cli, write_recipe
 
 REWARDS = '''
 from pathlib import Path

@@ -3,66 +3,25 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import pytest
 import torch
 
 from gspo_cli.models import create_builtin
 from gspo_cli.recipe import Recipe
-from gspo_cli.rollout import RolloutBatch, SamplingParams
+from gspo_cli.rollout import SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.distributed import LOCAL
-from gspo_cli.train.engine import TorchEngine
-from gspo_cli.train.rewards import RewardScores
-from gspo_cli.train.step import StepSettings, rl_step
-
-PROMPTS = [
-    [2, 10, 11, 12, 3, 6, 2],
-    [2, 20, 21, 3, 6, 2],
-    [2, 30, 31, 32, 33, 3, 6, 2],
-    [2, 40, 3, 6, 2],
-]
-GROUP = 4
-
-
-class LengthParityReward:
-    """A deterministic reward that varies within groups, so every group carries signal."""
-
-    def __call__(
-        self, completions: list[str], rows: list[dict[str, Any]], completion_ids: Any = None
-    ) -> RewardScores:
-        scores = [float(len(c) % 2) for c in completions]
-        return RewardScores(scores, scores, {})
-
-
-class FixedRollout:
-    """Replays one rollout so that two training set-ups see identical data."""
-
-    def __init__(self, batch: RolloutBatch) -> None:
-        self.batch = batch
-
-    def sync_weights(self) -> None:
-        pass
-
-    def generate(
-        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
-    ) -> RolloutBatch:
-        return self.batch
-
-
-class GradCapturingEngine(TorchEngine):
-    """Records the accumulated gradients of every optimiser step before applying it."""
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.grads: list[dict[str, torch.Tensor]] = []
-
-    def step(self, skip: bool = False) -> tuple[float, bool]:
-        self.grads.append(
-            {n: p.grad.clone() for n, p in self.model.named_parameters() if p.grad is not None}
-        )
-        return super().step(skip)
+from gspo_cli.train.engine_settings import engine_settings
+from gspo_cli.train.step import rl_step
+from tests.rl_helpers import (
+    GROUP,
+    PROMPTS,
+    FixedRollout,
+    GradCapturingEngine,
+    LengthParityReward,
+    tiny_step,
+)
 
 
 def _setup(model_name: str, algorithm: str, micro: int = 0, seed: int = 0):  # type: ignore[no-untyped-def]
@@ -71,8 +30,8 @@ def _setup(model_name: str, algorithm: str, micro: int = 0, seed: int = 0):  # t
         {"algorithm": {"name": algorithm, "minibatches": 2}, "optimizer": {"lr": 1e-3}}
     )
     params = SamplingParams(temperature=1.0, max_new_tokens=12, num_samples=GROUP)
-    settings = StepSettings(recipe.algorithm, params, micro, False, int(tokenizer.pad_token_id))
-    return model, tokenizer, GradCapturingEngine(model, recipe, LOCAL), settings
+    settings = tiny_step(recipe, sampling=params, tokenizer=tokenizer, micro_batch_size=micro)
+    return model, tokenizer, GradCapturingEngine(model, engine_settings(recipe), LOCAL), settings
 
 
 def _step(engine, rollout, settings, seed: int = 0):  # type: ignore[no-untyped-def]

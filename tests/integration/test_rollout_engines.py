@@ -10,15 +10,16 @@ import torch
 
 from gspo_cli.errors import GspoError
 from gspo_cli.models import create_builtin
+from gspo_cli.models.forward.batch import build_train_batch, pad_logprobs
+from gspo_cli.models.forward.logprobs import response_logprobs
 from gspo_cli.recipe import Recipe, RecipeError, load_recipe
 from gspo_cli.rollout import EngineSpec, SamplingParams, make_rollout_engine
 from gspo_cli.rollout.hf import HFGenerateEngine
-from gspo_cli.train.batch import build_train_batch, pad_logprobs
 from gspo_cli.train.distributed import LOCAL
 from gspo_cli.train.engine import TorchEngine
-from gspo_cli.train.logprobs import response_logprobs
-from gspo_cli.train.step import StepSettings, rl_step
-from tests.integration.test_rl_step import PROMPTS, LengthParityReward
+from gspo_cli.train.engine_settings import engine_settings
+from gspo_cli.train.step import rl_step
+from tests.rl_helpers import PROMPTS, LengthParityReward, tiny_step
 
 
 def _gap(model, tokenizer, rollout, temperature: float) -> float:  # type: ignore[no-untyped-def]
@@ -93,10 +94,10 @@ def _step(use_engine_logprobs: bool, correction: str):  # type: ignore[no-untype
         }
     )
     params = SamplingParams(1.0, 1.0, 0, 12, 4, logprobs=True)
-    settings = StepSettings(recipe.algorithm, params, 0, use_engine_logprobs, 0)
+    settings = tiny_step(recipe, sampling=params, use_engine_logprobs=use_engine_logprobs)
     torch.manual_seed(0)
     rows = [{"prompt": "p", "answer": "0"}] * len(PROMPTS)
-    engine = TorchEngine(model, recipe, LOCAL)
+    engine = TorchEngine(model, engine_settings(recipe), LOCAL)
     rollout = HFGenerateEngine(model, tokenizer)
     return rl_step(engine, rollout, LengthParityReward(), PROMPTS, rows, settings, 0).metrics
 

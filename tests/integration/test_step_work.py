@@ -9,15 +9,16 @@ import pytest
 import torch
 
 from gspo_cli.models import create_builtin
+from gspo_cli.models.forward.batch import TrainBatch
 from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
-from gspo_cli.train.batch import TrainBatch
 from gspo_cli.train.distributed import LOCAL
+from gspo_cli.train.engine_settings import engine_settings
 from gspo_cli.train.micro import bucket
 from gspo_cli.train.rewards import RewardScores
-from gspo_cli.train.step import StepSettings, rl_step
-from tests.integration.test_rl_step import GROUP, PROMPTS, FixedRollout, GradCapturingEngine
+from gspo_cli.train.step import rl_step
+from tests.rl_helpers import GROUP, PROMPTS, FixedRollout, GradCapturingEngine, tiny_step
 
 # Prompts 0 and 2 are "solved" by every sample (a group with no signal); 1 and 3 vary.
 ROWS = [{"prompt": "p", "answer": a} for a in ("all", "parity", "all", "parity")]
@@ -76,9 +77,8 @@ def _run(  # type: ignore[no-untyped-def]
         }
     )
     params = SamplingParams(temperature=1.0, max_new_tokens=16, num_samples=GROUP)
-    pad = int(tokenizer.pad_token_id)
-    settings = StepSettings(recipe.algorithm, params, 0, False, pad, **step)
-    engine = CountingEngine(model, recipe, LOCAL)
+    settings = tiny_step(recipe, sampling=params, tokenizer=tokenizer, **step)
+    engine = CountingEngine(model, engine_settings(recipe), LOCAL)
     out = rl_step(engine, ROLLOUT, HalfSolvedReward(), PROMPTS, ROWS, settings, 0)
     return engine, out.metrics, model
 
@@ -179,11 +179,8 @@ def test_a_step_without_signal_still_steps_the_optimiser_the_same_way() -> None:
         model, tokenizer = create_builtin("tiny-dense", seed=5)
         recipe = Recipe.model_validate({"optimizer": {"lr": 1e-3, "weight_decay": 0.1}})
         params = SamplingParams(max_new_tokens=16, num_samples=GROUP)
-        settings = StepSettings(
-            recipe.algorithm, params, 0, False, int(tokenizer.pad_token_id),
-            skip_zero_advantage=skip,
-        )  # fmt: skip
-        engine = CountingEngine(model, recipe, LOCAL)
+        settings = tiny_step(recipe, sampling=params, tokenizer=tokenizer, skip_zero_advantage=skip)
+        engine = CountingEngine(model, engine_settings(recipe), LOCAL)
         out = rl_step(engine, ROLLOUT, Solved(), PROMPTS, ROWS, settings, 0)
         finals.append((model.state_dict(), out.metrics, engine.rows))
     (full, _, full_rows), (lean, lean_metrics, lean_rows) = finals
@@ -193,7 +190,7 @@ def test_a_step_without_signal_still_steps_the_optimiser_the_same_way() -> None:
 
 def test_a_kl_term_keeps_every_row() -> None:
     recipe = Recipe.model_validate({"algorithm": {"kl_coef": 0.01}})
-    settings = StepSettings(recipe.algorithm, SamplingParams(), 0, False, 0)
+    settings = tiny_step(recipe)
     assert settings.skip_zero_advantage and not settings.skips_zero_advantage
 
 

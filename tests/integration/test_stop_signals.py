@@ -17,8 +17,7 @@ from gspo_cli.recipe import load_recipe
 from gspo_cli.run_folder import CHECKPOINTS, LATEST
 from gspo_cli.train.prepare import prepare_run
 from gspo_cli.train.signals import Stopped, stop_on_signals
-from tests.conftest import REPO, interruptible
-from tests.integration.conftest import write_recipe
+from tests.helpers import REPO, interruptible, run_cli, write_recipe
 
 # builtin:tiny-dense, no cold start: the first step comes within seconds; 200 steps outlast
 # every test, which stops the run itself.
@@ -279,8 +278,6 @@ def test_sigterm_stops_gspo_eval_with_one_line_and_the_resume_finishes(
     assert 0 < done < 8
     command = f"gspo {' '.join(argv)} --resume"
     assert lines[-1] == f"stopped with {done} problem(s) done in {out}; resume with: {command}"
-    from tests.conftest import run_cli
-
     resumed = run_cli(*argv, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"({done} already done)" in resumed.stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import invoke_cli
+from tests.helpers import invoke_cli
 
 
 @pytest.mark.parametrize("name", ["luspo", "sapo", "gmpo", "cispo"])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, invoke_cli, run_cli
+from tests.helpers import REPO, invoke_cli, run_cli
 
 COMPARED = (
     "loss",

@@ -3,91 +3,34 @@ summary files, and the handling of corrupt lines and folders that are not runs."
 
 from __future__ import annotations
 
-import io
 import json
 import math
-import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import yaml
-from rich.console import Console
 
 from gspo_cli.compare import compare_runs
 from gspo_cli.compare.results import parse_entry
 from gspo_cli.compare.runs import Problems, load_runs
 from gspo_cli.compare.series import Series, smooth
 from gspo_cli.compare.stats import Comparison, compare
-
-Row = dict[str, Any]
-
-
-def _row(step: int, reward: float, entropy: float, **over: Any) -> Row:
-    """A metrics.jsonl record as `gspo train` writes it (non-finite values as strings)."""
-    row: Row = {
-        "step": step,
-        "loss": 0.01,
-        "reward_mean": reward,
-        "reward_std": 0.3,
-        "accuracy": reward,
-        "clip_frac": 0.15,
-        "clip_frac_low": 0.05,
-        "clip_frac_high": 0.10,
-        "seq_ratio_min": 0.998,
-        "seq_ratio_max": 1.002,
-        "entropy": entropy,
-        "grad_norm": 0.5,
-        "response_len_mean": 40.0,
-        "time_step_s": 2.0,
-        "completion_tokens": 512,
-        "tokens_per_s": 1000.0,
-    }
-    row.update(over)
-    return {
-        k: str(v) if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()
-    }
-
-
-def write_run(
-    root: Path,
-    name: str,
-    rows: list[Row],
-    *,
-    algorithm: str = "gspo",
-    planned: int = 40,
-    model: str = "builtin:tiny-dense",
-    evals: dict[int, float] | None = None,
-) -> Path:
-    run = root / name
-    run.mkdir(parents=True)
-    clip = {"gspo": (3e-4, 4e-4), "grpo": (0.2, 0.27)}[algorithm]
-    recipe = {
-        "name": name,
-        "model": {"path": model},
-        "algorithm": {"name": algorithm, "clip_low": clip[0], "clip_high": clip[1]},
-        "rollout": {"num_prompts": 16, "group_size": 8},
-        "reward": {"functions": [{"name": "math", "weight": 1.0}]},
-        "trainer": {"steps": planned},
-    }
-    (run / "recipe.yaml").write_text(yaml.safe_dump(recipe), encoding="utf-8")
-    lines = [json.dumps(r) for r in rows]
-    (run / "metrics.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    evals = evals or {}
-    eval_lines = [
-        json.dumps({"step": s, "accuracy": a, "num_problems": 40}) for s, a in evals.items()
-    ]
-    (run / "eval.jsonl").write_text("".join(e + "\n" for e in eval_lines), encoding="utf-8")
-    summary = {"steps": rows[-1]["step"], "heldout_accuracy": {str(s): a for s, a in evals.items()}}
-    (run / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
-    return run
+from tests.compare_runs import (
+    console_text,
+    metrics_row,
+    png_size,
+    recording_console,
+    write_run,
+)
 
 
 def gspo_run(root: Path) -> Path:
     """40/40 steps, reward 0.3 + 0.01 step, MoE (expert volatility), one `gspo eval` result."""
-    rows = [_row(s, 0.3 + 0.01 * s, 1.0 - 0.005 * s, expert_volatility=0.1) for s in range(1, 41)]
+    rows = [
+        metrics_row(s, 0.3 + 0.01 * s, 1.0 - 0.005 * s, expert_volatility=0.1) for s in range(1, 41)
+    ]
     run = write_run(
         root, "gspo-moe", rows, model="builtin:tiny-moe", evals={0: 0.2, 20: 0.35, 40: 0.5}
     )
@@ -104,8 +47,8 @@ def gspo_run(root: Path) -> Path:
 def grpo_run(root: Path) -> Path:
     """In progress (30 of 60 steps), logged every 2 steps, 600 tokens per step."""
     rows = [
-        _row(s, 0.3 + 0.005 * s, 0.9, clip_frac=0.0013, clip_frac_low=0.0006,
-             clip_frac_high=0.0007, completion_tokens=600, tokens_per_s=800.0)
+        metrics_row(s, 0.3 + 0.005 * s, 0.9, clip_frac=0.0013, clip_frac_low=0.0006,
+                    clip_frac_high=0.0007, completion_tokens=600, tokens_per_s=800.0)
         for s in range(2, 31, 2)
     ]  # fmt: skip
     return write_run(root, "grpo", rows, algorithm="grpo", planned=60, evals={0: 0.2, 30: 0.3})
@@ -113,13 +56,13 @@ def grpo_run(root: Path) -> Path:
 
 def collapse_run(root: Path) -> Path:
     """Reward climbs to 0.68 by step 24, then collapses to 0.05 from step 25 on."""
-    rows = [_row(s, 0.2 + 0.02 * s if s < 25 else 0.05, 1.0) for s in range(1, 51)]
+    rows = [metrics_row(s, 0.2 + 0.02 * s if s < 25 else 0.05, 1.0) for s in range(1, 51)]
     return write_run(root, "collapse", rows, planned=50)
 
 
 def nan_run(root: Path) -> Path:
     """loss NaN and grad_norm inf first at step 17 (reward NaN from step 18)."""
-    rows = [_row(s, 0.5, 1.0) for s in range(1, 31)]
+    rows = [metrics_row(s, 0.5, 1.0) for s in range(1, 31)]
     rows[16].update(loss="nan", grad_norm="inf")
     for row in rows[17:]:
         row.update(loss="nan", reward_mean="nan")
@@ -128,26 +71,18 @@ def nan_run(root: Path) -> Path:
 
 def entropy_run(root: Path) -> Path:
     """Entropy 1.0, then 0.05 (5% of initial) from step 20."""
-    rows = [_row(s, 0.5 + 0.005 * s, 1.0 if s < 20 else 0.05) for s in range(1, 31)]
+    rows = [metrics_row(s, 0.5 + 0.005 * s, 1.0 if s < 20 else 0.05) for s in range(1, 31)]
     return write_run(root, "entropy", rows, planned=30)
 
 
 def noisy_run(root: Path) -> Path:
     """Healthy but noisy: a plateau at 0.6 with +-0.1 noise and entropy drifting down by half."""
-    rows = [_row(s, 0.6 + 0.1 * math.sin(1.7 * s), 1.0 - 0.01 * s) for s in range(1, 51)]
+    rows = [metrics_row(s, 0.6 + 0.1 * math.sin(1.7 * s), 1.0 - 0.01 * s) for s in range(1, 51)]
     return write_run(root, "noisy", rows, planned=50)
 
 
-def _console() -> Console:
-    return Console(file=io.StringIO(), width=200, record=True, color_system=None)
-
-
-def _output(console: Console) -> str:
-    return console.export_text()
-
-
 def _compare(paths: list[Path], **kwargs: Any) -> Comparison:
-    problems = Problems(_console())
+    problems = Problems(recording_console())
     runs, base = load_runs(paths, kwargs.pop("baseline", None), problems)
     assert base is not None
     return compare(runs, base, kwargs.get("x", "step"), kwargs.get("smooth", 1), None)
@@ -155,14 +90,6 @@ def _compare(paths: list[Path], **kwargs: Any) -> Comparison:
 
 def _stats(cmp: Comparison, name: str) -> dict[str, Any]:
     return next(r.stats for r in cmp.reports if r.run.name == name)
-
-
-def png_size(path: Path) -> tuple[int, int]:
-    """(width, height) from the PNG signature and IHDR chunk."""
-    head = path.read_bytes()[:24]
-    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", path
-    width, height = struct.unpack(">II", head[16:24])
-    return width, height
 
 
 @pytest.fixture
@@ -229,15 +156,17 @@ def test_verdicts_find_planted_step(
 
 def test_the_trainers_detector_calls_an_exploding_entropy_unstable(tmp_path: Path) -> None:
     """What lr=1000 does to the tiny model: entropy 0.17 -> 4.6 nats, reward to 0."""
-    rows = [_row(s, 0.5, 0.17) for s in range(1, 11)]
-    rows += [_row(s, 0.02, 4.6) for s in range(11, 21)]
+    rows = [metrics_row(s, 0.5, 0.17) for s in range(1, 11)]
+    rows += [metrics_row(s, 0.02, 4.6) for s in range(11, 21)]
     cmp = _compare([write_run(tmp_path, "lr1000", rows, planned=20)])
     kinds = {i.kind for i in cmp.reports[0].issues}
     assert "entropy_explosion" in kinds  # so the verdict is not "stable"
 
 
 def test_recorded_guard_events_are_shown(tmp_path: Path) -> None:
-    run = write_run(tmp_path, "guarded", [_row(s, 0.5, 1.0) for s in range(1, 11)], planned=10)
+    run = write_run(
+        tmp_path, "guarded", [metrics_row(s, 0.5, 1.0) for s in range(1, 11)], planned=10
+    )
     (run / "events.jsonl").write_text(
         '{"step": 7, "action": "rollback", "signal": "entropy_explosion", "detail": "to step 5"}\n'
     )
@@ -252,9 +181,9 @@ def test_healthy_runs_are_stable(tmp_path: Path, pair: list[Path]) -> None:
 
 def test_full_comparison_writes_plots_and_summaries(tmp_path: Path, pair: list[Path]) -> None:
     runs = [*pair, collapse_run(tmp_path / "runs"), nan_run(tmp_path / "runs")]
-    out, console = tmp_path / "out", _console()
+    out, console = tmp_path / "out", recording_console()
     assert compare_runs(runs, metrics=None, out=out, baseline=None, console=console) == 0
-    text = _output(console)
+    text = console_text(console)
     assert "0.700" in text and "20.0% → 50.0%" in text
     assert "15.00% (low 5.00% / high 10.00%)" in text
     assert "0.400 [0.300, 0.500]" in text and "reward collapse at step 25" in text
@@ -286,20 +215,22 @@ def test_full_comparison_writes_plots_and_summaries(tmp_path: Path, pair: list[P
 
 
 def test_metrics_restrict_plots_and_rows(tmp_path: Path, pair: list[Path]) -> None:
-    out, console = tmp_path / "out", _console()
+    out, console = tmp_path / "out", recording_console()
     compare_runs(pair, metrics=["reward_mean,clip_frac"], out=out, baseline=None, console=console)
     assert {p.name for p in out.glob("*.png")} == {"reward_mean.png", "clip_frac.png"}
-    text = _output(console)
+    text = console_text(console)
     assert "clip fraction" in text and "entropy mean" not in text and "held-out" not in text
     # A second comparison into the same folder removes the plots it no longer draws.
-    compare_runs(pair, metrics=["entropy"], out=out, baseline=None, console=_console())
+    compare_runs(pair, metrics=["entropy"], out=out, baseline=None, console=recording_console())
     assert {p.name for p in out.glob("*.png")} == {"entropy.png"}
 
 
 def test_no_moe_run_means_no_volatility_plot(tmp_path: Path) -> None:
     out = tmp_path / "out"
     runs = [grpo_run(tmp_path)]
-    assert compare_runs(runs, metrics=None, out=out, baseline=None, console=_console()) == 0
+    assert (
+        compare_runs(runs, metrics=None, out=out, baseline=None, console=recording_console()) == 0
+    )
     assert not (out / "expert_volatility.png").exists()
     assert (out / "reward_mean.png").exists()
 
@@ -308,11 +239,11 @@ def test_corrupt_line_is_reported_and_rest_compared(tmp_path: Path, pair: list[P
     metrics = pair[0] / "metrics.jsonl"
     with metrics.open("a", encoding="utf-8") as f:
         f.write('{"step": 41, "loss": 0.0')  # cut by a kill
-    console = _console()
+    console = recording_console()
     code = compare_runs(pair, metrics=["reward_mean"], out=tmp_path / "o", baseline=None,
                         console=console)  # fmt: skip
     assert code == 0
-    lines = [line for line in _output(console).splitlines() if line.startswith("warning:")]
+    lines = [line for line in console_text(console).splitlines() if line.startswith("warning:")]
     assert lines == [f"warning: {metrics}:41: corrupt line skipped (not a JSON record)"]
     summary = json.loads((tmp_path / "o" / "summary.json").read_text(encoding="utf-8"))
     assert summary["runs"][0]["steps_done"] == 40
@@ -323,11 +254,11 @@ def test_non_run_folder_is_named_and_skipped(tmp_path: Path, pair: list[Path]) -
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "README.txt").write_text("not a run", encoding="utf-8")
-    console = _console()
+    console = recording_console()
     code = compare_runs([notes, *pair], metrics=["reward_mean"], out=tmp_path / "o",
                         baseline=None, console=console)  # fmt: skip
     assert code == 0
-    errors = [line for line in _output(console).splitlines() if line.startswith("error:")]
+    errors = [line for line in console_text(console).splitlines() if line.startswith("error:")]
     assert errors == [
         f"error: {notes}: not a run folder (no metrics.jsonl or recipe.yaml); skipped"
     ]
@@ -343,11 +274,11 @@ def test_all_invalid_returns_2(tmp_path: Path) -> None:
     broken.mkdir()
     (broken / "metrics.jsonl").write_text('{"step": 1, "lo\nnot json\n', encoding="utf-8")
     missing = tmp_path / "missing"
-    console = _console()
+    console = recording_console()
     code = compare_runs([empty, broken, missing], metrics=None, out=tmp_path / "o",
                         baseline=None, console=console)  # fmt: skip
     assert code == 2
-    text = _output(console)
+    text = console_text(console)
     for path in (empty, broken / "metrics.jsonl", missing):
         assert f"error: {path}: " in text
     assert f"{broken / 'metrics.jsonl'}:2: corrupt line" in text
@@ -355,9 +286,9 @@ def test_all_invalid_returns_2(tmp_path: Path) -> None:
 
 
 def test_bad_axis_returns_2(pair: list[Path], tmp_path: Path) -> None:
-    console = _console()
+    console = recording_console()
     assert compare_runs(pair, x="epochs", out=tmp_path / "o", console=console) == 2
-    assert "error: --x: unknown axis 'epochs'" in _output(console)
+    assert "error: --x: unknown axis 'epochs'" in console_text(console)
 
 
 def test_smooth_is_trailing_over_steps_and_ignores_nan() -> None:

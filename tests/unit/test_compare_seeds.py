@@ -15,10 +15,10 @@ import yaml
 from gspo_cli.compare import compare_runs
 from gspo_cli.compare.intervals import t975
 from gspo_cli.compare.runs import Problems, load_runs
-from gspo_cli.compare.seeds import SeedGroup, group_band, group_runs
-from gspo_cli.compare.stats import compare
-from tests.conftest import invoke_cli
-from tests.unit.test_compare import _console, _output, _row, png_size, write_run
+from gspo_cli.compare.seeds import group_band, group_runs
+from gspo_cli.compare.stats import SeedGroup, compare
+from tests.compare_runs import console_text, metrics_row, png_size, recording_console, write_run
+from tests.helpers import invoke_cli
 
 T2 = 4.302653  # t(0.975, 2 degrees of freedom), from a printed t table: 4.303
 
@@ -37,7 +37,7 @@ def seed_run(
 ) -> Path:
     """A run of recipe `name` (default paper-<algorithm>) with trainer.seed = `seed`: reward
     rewards[i] at step i + 1, and recipe keys overridden by `{section: {key: value}}`."""
-    rows = [_row(s, r, 1.0 - 0.01 * s, expert_volatility=0.1 + 0.01 * seed)
+    rows = [metrics_row(s, r, 1.0 - 0.01 * s, expert_volatility=0.1 + 0.01 * seed)
             for s, r in enumerate(rewards, start=1)]  # fmt: skip
     run = write_run(
         root, folder, rows, algorithm=algorithm, planned=planned or len(rewards), evals=evals
@@ -56,7 +56,7 @@ def flat(value: float, steps: int = 10) -> list[float]:
 
 
 def _groups(paths: list[Path], smooth: int = 1) -> tuple[list[SeedGroup], Problems]:
-    problems = Problems(_console())
+    problems = Problems(recording_console())
     runs, base = load_runs(paths, None, problems)
     assert base is not None
     cmp = compare(runs, base, "step", smooth, None)
@@ -103,11 +103,11 @@ def test_three_seeds_of_two_recipes_make_two_groups(six: list[Path]) -> None:
 
 
 def test_group_interval_is_the_t_interval(six: list[Path], tmp_path: Path) -> None:
-    out, console = tmp_path / "out", _console()
+    out, console = tmp_path / "out", recording_console()
     assert compare_runs(six, out=out, group_seeds=True, console=console) == 0
     mean, half = hand_interval([0.50, 0.52, 0.57])  # 0.530 ± 0.0896
     assert (round(mean, 3), round(half, 3)) == (0.53, 0.09)
-    text = _output(console)
+    text = console_text(console)
     final = next(line for line in text.splitlines() if line.startswith("│ final reward"))
     assert f"{mean:.3f} ± {half:.3f}" in final  # "0.530 ± 0.090"
     g_mean, g_half = hand_interval([0.40, 0.45, 0.41])
@@ -135,7 +135,7 @@ def test_group_interval_is_the_t_interval(six: list[Path], tmp_path: Path) -> No
 
 def test_group_plots_exist_with_bands(six: list[Path], tmp_path: Path) -> None:
     out = tmp_path / "out"
-    assert compare_runs(six, out=out, group_seeds=True, console=_console()) == 0
+    assert compare_runs(six, out=out, group_seeds=True, console=recording_console()) == 0
     expected = {
         "reward_mean", "heldout_accuracy", "clip_frac", "ratio_spread", "entropy",
         "grad_norm", "response_len_mean", "expert_volatility",
@@ -172,9 +172,9 @@ def test_band_uses_steps_common_to_all_seeds(tmp_path: Path) -> None:
     assert band.mean[3] == pytest.approx((a + b) / 2)
     assert band.high[3] - band.mean[3] == pytest.approx(half)
     assert np.all(band.low <= band.high)
-    console = _console()
+    console = recording_console()
     assert compare_runs(paths, out=tmp_path / "o", group_seeds=True, console=console) == 0
-    steps = next(line for line in _output(console).splitlines() if "steps done" in line)
+    steps = next(line for line in console_text(console).splitlines() if "steps done" in line)
     assert "seed 1: 10/10; seed 2: 6/10 (in progress)" in steps
 
 
@@ -221,25 +221,27 @@ def test_stability_row_counts_seed_verdicts(tmp_path: Path) -> None:
         seed_run(tmp_path, "s2", 2, collapse),
         seed_run(tmp_path, "s3", 3, flat(0.6, 50)),
     ]
-    console = _console()
+    console = recording_console()
     assert compare_runs(paths, out=tmp_path / "o", group_seeds=True, console=console) == 0
-    row = next(line for line in _output(console).splitlines() if line.startswith("│ stability"))
+    row = next(
+        line for line in console_text(console).splitlines() if line.startswith("│ stability")
+    )
     assert "unstable in 1/3 (seed 2: reward collapse at step 25, reward crash at step 26)" in row
 
 
 def test_runs_without_recipe_exit_2(six: list[Path], tmp_path: Path) -> None:
     (six[1] / "recipe.yaml").unlink()
-    console = _console()
+    console = recording_console()
     code = compare_runs(six, out=tmp_path / "o", group_seeds=True, console=console)
     assert code == 2
-    errors = [line for line in _output(console).splitlines() if line.startswith("error:")]
+    errors = [line for line in console_text(console).splitlines() if line.startswith("error:")]
     assert errors == [
         f"error: --group-seeds: runs are grouped by their saved recipe.yaml, which is missing "
         f"or unreadable in {six[1]}; nothing compared"
     ]
     assert not (tmp_path / "o").exists()
     # Without --group-seeds the same runs are compared as before.
-    assert compare_runs(six, out=tmp_path / "o", console=_console()) == 0
+    assert compare_runs(six, out=tmp_path / "o", console=recording_console()) == 0
 
 
 def test_cli_option(six: list[Path], tmp_path: Path) -> None:

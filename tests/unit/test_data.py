@@ -10,7 +10,7 @@ import pytest
 from gspo_cli.data import arithmetic_split, load_rows
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe import Recipe
-from gspo_cli.recipe.schema import ArithmeticTaskConfig, DataConfig
+from gspo_cli.recipe.inputs import ArithmeticTaskConfig, DataConfig
 
 
 def test_local_jsonl_with_column_mapping(tmp_path: Path) -> None:

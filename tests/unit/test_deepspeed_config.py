@@ -8,6 +8,7 @@ import pytest
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe import Recipe, RecipeError, load_recipe
 from gspo_cli.train.ds_engine import deepspeed_config
+from gspo_cli.train.engine_settings import engine_settings
 
 
 def _recipe(**sections: object) -> Recipe:
@@ -23,7 +24,7 @@ def test_config_is_derived_from_the_recipe() -> None:
         model={"dtype": "bfloat16"},
         deepspeed={"zero_stage": 3, "offload_optimizer": True, "offload_params": True},
     )
-    cfg = deepspeed_config(recipe, world=2)
+    cfg = deepspeed_config(engine_settings(recipe), world=2)
     assert cfg["train_micro_batch_size_per_gpu"] == 4
     assert cfg["gradient_accumulation_steps"] == 2  # 64 / 4 minibatches / 2 ranks / 4 per micro
     assert cfg["gradient_clipping"] == 0.5 and cfg["bf16"] == {"enabled": True}
@@ -39,7 +40,7 @@ def test_user_json_is_merged_and_contradictions_rejected(tmp_path: Path) -> None
             {"zero_optimization": {"reduce_bucket_size": 1000}, "comms_logger": {"enabled": False}}
         )
     )
-    cfg = deepspeed_config(_recipe(deepspeed={"config_file": str(user)}), world=1)
+    cfg = deepspeed_config(engine_settings(_recipe(deepspeed={"config_file": str(user)})), world=1)
     assert (
         cfg["zero_optimization"]["reduce_bucket_size"] == 1000
         and cfg["zero_optimization"]["stage"] == 2
@@ -47,10 +48,10 @@ def test_user_json_is_merged_and_contradictions_rejected(tmp_path: Path) -> None
     assert cfg["comms_logger"] == {"enabled": False}
     user.write_text(json.dumps({"gradient_clipping": 5.0}))
     with pytest.raises(GspoError, match=r"gradient_clipping=5\.0 contradicts the recipe"):
-        deepspeed_config(_recipe(deepspeed={"config_file": str(user)}), world=1)
+        deepspeed_config(engine_settings(_recipe(deepspeed={"config_file": str(user)})), world=1)
     user.write_text(json.dumps({"optimizer": {"type": "Adam"}}))
     with pytest.raises(GspoError, match="'optimizer' is set by the recipe"):
-        deepspeed_config(_recipe(deepspeed={"config_file": str(user)}), world=1)
+        deepspeed_config(engine_settings(_recipe(deepspeed={"config_file": str(user)})), world=1)
 
 
 def test_offload_params_needs_zero3(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import torch
 
-from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import RolloutBatch, SamplingParams
 from gspo_cli.train.distributed import LOCAL, DistContext
 from gspo_cli.train.dynamic_sampling import (
@@ -24,6 +23,7 @@ from gspo_cli.train.dynamic_sampling import (
 from gspo_cli.train.rewards import RewardScores
 from gspo_cli.train.sampler import PromptSampler
 from gspo_cli.train.step import StepSettings
+from tests.rl_helpers import tiny_step
 
 G, Q, ROWS = 2, 4, 10
 # PromptSampler(10, seed=0) draws 4, 1, 7, 5 | 3, 9, 0, 8 | 6, 2, then a new epoch.
@@ -72,7 +72,7 @@ class SomeUniformReward:
 
 def _settings() -> StepSettings:
     params = SamplingParams(max_new_tokens=8, num_samples=G)
-    return StepSettings(Recipe().algorithm, params, 0, False, 0)
+    return tiny_step(sampling=params)
 
 
 def _collect(

@@ -4,14 +4,16 @@ model's own logits (the DeepSpeed engine's path)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-import gspo_cli.train.logprobs as logprobs_module
 from gspo_cli.models import create_builtin
+from gspo_cli.models.forward.batch import TrainBatch, build_train_batch
+from gspo_cli.models.forward.capabilities import capabilities_of
+from gspo_cli.models.forward.logprobs import response_logprobs
 from gspo_cli.rollout import RolloutBatch
-from gspo_cli.train.batch import TrainBatch, build_train_batch
-from gspo_cli.train.logprobs import response_logprobs
 
 TEMPERATURE = 0.7
 
@@ -44,9 +46,7 @@ def _grads(model: torch.nn.Module, loss: torch.Tensor) -> dict[str, torch.Tensor
 
 
 @pytest.mark.parametrize("path", ["head", "head_shared_prompts", "model_logits"])
-def test_entropy_gradient_matches_autograd_through_the_full_logits(
-    path: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_entropy_gradient_matches_autograd_through_the_full_logits(path: str) -> None:
     model, _ = create_builtin("tiny-dense", seed=0)
     model = model.double()
     batch = _batch()
@@ -54,11 +54,10 @@ def test_entropy_gradient_matches_autograd_through_the_full_logits(
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(mask.shape, generator=gen, dtype=torch.float64)  # weights on log-probs
     w = torch.randn(mask.shape, generator=gen, dtype=torch.float64)  # and on entropies
-    if path == "model_logits":  # as for a DeepSpeed engine: not a PreTrainedModel's head
-        monkeypatch.setattr(logprobs_module, "plain_linear_head", lambda _model: None)
-    lp, ent = response_logprobs(
-        model, batch, TEMPERATURE, entropy="grad", share_prompts=path == "head_shared_prompts"
-    )
+    capabilities = capabilities_of(model, share_prompts=path == "head_shared_prompts")
+    if path == "model_logits":  # as for a DeepSpeed engine, which declares no plain head
+        capabilities = dataclasses.replace(capabilities, plain_head=False)
+    lp, ent = response_logprobs(model, batch, TEMPERATURE, "grad", capabilities)
     assert ent is not None and ent.requires_grad
     got = _grads(model, ((a * lp + w * ent) * mask).sum())
     ref_lp, ref_ent = _reference(model, batch)
@@ -75,10 +74,8 @@ def test_entropy_gradient_matches_autograd_through_the_full_logits(
     assert max(float(g.abs().max()) for g in entropy_only.values()) > 1e-6
 
 
-def test_the_metric_entropy_of_the_model_logits_path_has_no_graph(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_metric_entropy_of_the_model_logits_path_has_no_graph() -> None:
     model, _ = create_builtin("tiny-dense", seed=0)
-    monkeypatch.setattr(logprobs_module, "plain_linear_head", lambda _model: None)
-    _, ent = response_logprobs(model, _batch(), TEMPERATURE, entropy=True)
+    own_logits = dataclasses.replace(capabilities_of(model), plain_head=False)
+    _, ent = response_logprobs(model, _batch(), TEMPERATURE, True, own_logits)
     assert ent is not None and not ent.requires_grad

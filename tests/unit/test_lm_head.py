@@ -1,8 +1,9 @@
-"""The LM head with a hand-written backward (train/lm_head.py) equals autograd on the model's
-own logits: log-probs, entropy and every parameter's gradient."""
+"""The LM head with a hand-written backward (models/forward/lm_head.py) equals autograd on the
+model's own logits: log-probs, entropy and every parameter's gradient."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
@@ -12,15 +13,14 @@ from torch import nn
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from gspo_cli.models import create_builtin
-from gspo_cli.train import logprobs as logprobs_module
-from gspo_cli.train.batch import TrainBatch
-from gspo_cli.train.lm_head import (
+from gspo_cli.models.forward.batch import TrainBatch
+from gspo_cli.models.forward.capabilities import (
     PLAIN_HEAD_MODEL_TYPES,
-    TILE_ELEMENTS,
-    TokenLogprobs,
+    capabilities_of,
     plain_linear_head,
 )
-from gspo_cli.train.logprobs import response_logprobs
+from gspo_cli.models.forward.lm_head import TILE_ELEMENTS, TokenLogprobs
+from gspo_cli.models.forward.logprobs import response_logprobs
 from tests.small_models import small_causal_lm
 
 
@@ -40,13 +40,10 @@ def _batch(vocab: int) -> TrainBatch:
 
 def _run(model: nn.Module, batch: TrainBatch, temperature: float, own_logits: bool):  # type: ignore[no-untyped-def]
     model.zero_grad()
-    original = logprobs_module.plain_linear_head
+    capabilities = capabilities_of(model)
     if own_logits:
-        logprobs_module.plain_linear_head = lambda _: None  # type: ignore[assignment]
-    try:
-        logprobs, entropy = response_logprobs(model, batch, temperature, entropy=True)
-    finally:
-        logprobs_module.plain_linear_head = original
+        capabilities = dataclasses.replace(capabilities, plain_head=False)
+    logprobs, entropy = response_logprobs(model, batch, temperature, True, capabilities)
     weights = torch.linspace(-1, 2, logprobs.numel()).view_as(logprobs)  # a non-uniform upstream
     (logprobs * weights * batch.response_mask).sum().backward()
     grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
@@ -105,7 +102,9 @@ def test_tiles_do_not_change_the_result(monkeypatch: pytest.MonkeyPatch) -> None
         return [logprobs.detach(), entropy, hidden.grad, weight.grad]  # type: ignore[list-item]
 
     whole = run()
-    monkeypatch.setattr("gspo_cli.train.lm_head.TILE_ELEMENTS", 7 * 300)  # 6 tiles of 7 rows
+    monkeypatch.setattr(
+        "gspo_cli.models.forward.lm_head.TILE_ELEMENTS", 7 * 300
+    )  # 6 tiles of 7 rows
     assert TILE_ELEMENTS > 7 * 300
     tiled = run()
     for a, b in zip(whole, tiled, strict=True):

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from gspo_cli.recipe import Recipe, RecipeError, load_recipe
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 RECIPES = sorted((REPO / "recipes").rglob("*.yaml"))
 

@@ -18,7 +18,7 @@ import pytest
 
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe.loader import RecipeError, load_recipe
-from gspo_cli.recipe.schema import RewardConfig, RewardFunctionConfig
+from gspo_cli.recipe.reward import RewardConfig, RewardFunctionConfig
 from gspo_cli.rewards.binding import RewardServices, bind_reward, resolve_reward
 from gspo_cli.train.rewards import RewardModel
 

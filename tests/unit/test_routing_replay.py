@@ -18,17 +18,18 @@ from transformers import (
 )
 
 from gspo_cli.models import create_builtin, is_moe
+from gspo_cli.models.forward.batch import TrainBatch, build_train_batch
+from gspo_cli.models.forward.logprobs import response_logprobs
 from gspo_cli.models.routing import ExpertRouting, RoutingError, join_rows, split_rows, volatility
 from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import RolloutBatch, SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
-from gspo_cli.train.batch import TrainBatch, build_train_batch
 from gspo_cli.train.distributed import LOCAL
 from gspo_cli.train.engine import TorchEngine
-from gspo_cli.train.logprobs import response_logprobs
+from gspo_cli.train.engine_settings import engine_settings
 from gspo_cli.train.replay import StepRouting
-from gspo_cli.train.step import StepSettings, rl_step
-from tests.integration.test_rl_step import PROMPTS, LengthParityReward
+from gspo_cli.train.step import rl_step
+from tests.rl_helpers import PROMPTS, LengthParityReward, tiny_step
 
 SMALL = {
     "vocab_size": 64,
@@ -236,8 +237,8 @@ def _moe_step(replay: str, aux: float = 0.0) -> dict[str, float]:
     params = SamplingParams(
         max_new_tokens=12, num_samples=4, routed_experts=replay == "rollout", logprobs=True
     )
-    settings = StepSettings(recipe.algorithm, params, 0, False, int(tokenizer.pad_token_id))
-    engine = TorchEngine(model, recipe, LOCAL)
+    settings = tiny_step(recipe, sampling=params, tokenizer=tokenizer)
+    engine = TorchEngine(model, engine_settings(recipe), LOCAL)
     rows = [{"prompt": "p", "answer": "0"}] * len(PROMPTS)
     rollout = HFGenerateEngine(model, tokenizer)
     return rl_step(engine, rollout, LengthParityReward(), PROMPTS, rows, settings, 0).metrics

@@ -6,10 +6,6 @@ import os
 import signal
 import socket
 import stat
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,47 +13,7 @@ import pytest
 from gspo_cli import run_folder
 from gspo_cli.errors import GspoError
 from gspo_cli.run_folder import one_writer, write_text_atomic
-from tests.conftest import REPO
-
-# Holds the lock on argv[1] until killed; with argv[2] == "fork", first forks a child that
-# outlives it (as a maths verifier worker would for a moment), and prints the child's pid once
-# the child runs (its fork handlers done).
-HOLDER = """
-import os, sys, time
-from pathlib import Path
-from gspo_cli.run_folder import one_writer
-with one_writer(Path(sys.argv[1]), "gspo train"):
-    if sys.argv[2] == "fork":
-        ready, running = os.pipe()
-        child = os.fork()
-        if child == 0:
-            os.write(running, b"x")
-            time.sleep(120)
-            os._exit(0)
-        os.read(ready, 1)
-        print(child, flush=True)
-    print("held", flush=True)
-    time.sleep(120)
-"""
-
-
-@contextmanager
-def lock_holder(folder: Path, fork: bool = False) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    """A process holding `folder`'s lock: (the process, its forked child's pid or 0)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(folder), "fork" if fork else "-"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    try:
-        child = int(proc.stdout.readline()) if fork else 0
-        assert proc.stdout.readline().strip() == "held"
-        yield proc, child
-    finally:
-        proc.kill()
-        proc.wait()
+from tests.helpers import lock_holder
 
 
 def test_a_second_writer_is_refused_naming_the_holder(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gspo_cli.recipe.schema import RewardConfig
+from gspo_cli.recipe.reward import RewardConfig
 from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.code import code_reward, judge_completions, judge_program, run_program
 from gspo_cli.rewards.code import isolation as iso

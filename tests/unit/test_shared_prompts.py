@@ -1,5 +1,6 @@
-"""Each distinct prompt run once (train/shared_prompts.py) gives the padded batch's log-probs,
-entropy and gradients, for every listed dense family; everything else keeps the padded path."""
+"""Each distinct prompt run once (models/forward/shared_prompts.py) gives the padded batch's
+log-probs, entropy and gradients, for every listed dense family; everything else keeps the
+padded path."""
 
 from __future__ import annotations
 
@@ -7,17 +8,18 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from gspo_cli.distinct import distinct_rows
 from gspo_cli.models import create_builtin
-from gspo_cli.rollout.base import RolloutBatch
-from gspo_cli.train import shared_prompts
-from gspo_cli.train.batch import TrainBatch, build_train_batch
-from gspo_cli.train.logprobs import response_logprobs
-from gspo_cli.train.shared_prompts import (
+from gspo_cli.models.forward import shared_prompts
+from gspo_cli.models.forward.batch import TrainBatch, build_train_batch
+from gspo_cli.models.forward.capabilities import (
     SHARED_PROMPT_MODEL_TYPES,
     can_share_prompts,
-    distinct_prompts,
+    capabilities_of,
 )
+from gspo_cli.models.forward.distinct import distinct_rows
+from gspo_cli.models.forward.logprobs import response_logprobs
+from gspo_cli.models.forward.shared_prompts import distinct_prompts
+from gspo_cli.rollout.base import RolloutBatch
 from tests.small_models import small_causal_lm
 
 VOCAB = 300
@@ -46,7 +48,8 @@ def _family(model_type: str) -> PreTrainedModel:
 
 def _run(model: PreTrainedModel, batch: TrainBatch, share: bool):  # type: ignore[no-untyped-def]
     model.zero_grad()
-    logprobs, entropy = response_logprobs(model, batch, 0.7, entropy=True, share_prompts=share)
+    capabilities = capabilities_of(model, share_prompts=share)
+    logprobs, entropy = response_logprobs(model, batch, 0.7, True, capabilities)
     weights = torch.linspace(-1, 2, logprobs.numel()).view_as(logprobs)  # a non-uniform upstream
     (logprobs * weights.double() * batch.response_mask).sum().backward()
     grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}

@@ -17,7 +17,7 @@ import torch
 
 from gspo_cli.algorithms import PAPER_CLIP, POLICY_LOSSES, LossOptions, compute_policy_loss
 from gspo_cli.recipe import RecipeError, load_recipe
-from tests.conftest import invoke_cli
+from tests.helpers import invoke_cli
 
 Tensor = torch.Tensor
 SUCCESSORS = ["luspo", "sapo", "gmpo", "cispo"]

@@ -15,7 +15,7 @@ import pytest
 
 from gspo_cli.rewards.code.isolation import available_modes
 from gspo_cli.rewards.code.sandbox import MARKER_PREFIX
-from tests.conftest import REPO, interruptible
+from tests.helpers import REPO, interruptible
 
 
 def _parents() -> dict[int, int]:

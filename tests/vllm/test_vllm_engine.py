@@ -14,10 +14,10 @@ pytest.importorskip("vllm")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from gspo_cli.models import load_policy
+from gspo_cli.models.forward.batch import build_train_batch, pad_logprobs
+from gspo_cli.models.forward.logprobs import response_logprobs
 from gspo_cli.rollout import EngineSpec, SamplingParams, make_rollout_engine
 from gspo_cli.rollout.base import RolloutBatch
-from gspo_cli.train.batch import build_train_batch, pad_logprobs
-from gspo_cli.train.logprobs import response_logprobs
 
 PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
 

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tests.conftest import REPO, invoke_cli
+from tests.helpers import REPO, invoke_cli
 
 
 def test_a_short_quickstart_with_vllm_rollouts_learns(tmp_path: Path) -> None:

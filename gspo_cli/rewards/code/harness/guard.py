@@ -79,6 +79,10 @@ def make_hook(box: str, read_roots: tuple[str, ...]) -> Any:
     Builtins and constants are bound to closure variables here: a program can reassign
     `builtins.type` or this module's globals, but not a closure it cannot reach.
     """
+    # long on purpose: one closure. The hook runs inside the judged program's own process, which
+    # can rebind builtins and this module's globals; the helpers (inside, resolve, check) and the
+    # C functions they call live only in this scope, which the program can neither reach nor
+    # replace. Split into module-level functions, they would be globals it could swap out.
     writable = (box, "/dev/null")
     readable = (*writable, *read_roots)
     blocked, blocked_imports, frame_attributes = BLOCKED, BLOCKED_IMPORTS, FRAME_ATTRIBUTES

@@ -16,34 +16,13 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from gspo_cli.train.batch import TrainBatch
-from gspo_cli.train.shared_prompts import response_hidden
+from gspo_cli.models.forward.batch import TrainBatch
+from gspo_cli.models.forward.shared_prompts import response_hidden
 
 # Row tiles of at most this many float32 elements (16 MiB): under glibc's largest mmap
 # threshold (32 MiB), so their temporaries come from the heap again and again.
 TILE_ELEMENTS = 4 * 1024 * 1024
-
-# CausalLM classes whose logits are exactly `lm_head(last_hidden_state)`: no soft-capping, no
-# logit scale (a test reads each one's forward to check it).
-PLAIN_HEAD_MODEL_TYPES = frozenset(
-    {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmoe"}
-)
-
-
-def plain_linear_head(model: nn.Module) -> nn.Linear | None:
-    """The model's LM head when its logits are a bias-free linear map of the backbone's last
-    hidden state (the case handled here), else None (callers take the model's own logits)."""
-    if not isinstance(model, PreTrainedModel):
-        return None  # e.g. a DeepSpeed engine: its ZeRO-3 weights are gathered in forward only
-    model_type = getattr(model.config, "model_type", None)
-    if model_type not in PLAIN_HEAD_MODEL_TYPES:
-        return None
-    if type(model).__name__ != MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]:
-        return None  # e.g. remote code registered under a listed type
-    head = model.get_output_embeddings()
-    return head if type(head) is nn.Linear and head.bias is None else None
 
 
 def at_least_float32(logits: torch.Tensor) -> torch.Tensor:

@@ -7,9 +7,8 @@ keys/values are gathered to every row that has them (an index_select, through wh
 sums the rows' gradients back onto the one prompt forward), and the responses run on top as a
 second forward. Same gradient as the padded batch up to float rounding; fewer tokens computed.
 
-Only for dense, full-attention models with a plain LM head (the caller checks the head): a
-MoE router would see the prompt tokens once instead of G times (its aux loss and routing
-replay count tokens), and gradient checkpointing turns the cache off.
+Only where the model's capabilities allow it (capabilities.py: dense, full-attention models
+with a plain LM head, no gradient checkpointing); the caller decides.
 """
 
 from __future__ import annotations
@@ -17,46 +16,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from gspo_cli.distinct import distinct_rows
-from gspo_cli.train.batch import TrainBatch
-
-# Dense architectures whose backbone takes a DynamicCache and returns it filled (a test runs
-# each one's shared forward against the padded one).
-SHARED_PROMPT_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
-ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention"})
-# Rotary embeddings whose frequencies do not depend on the call: "dynamic" and "longrope"
-# rescale them from the longest position a forward sees, which the prompt pass alone is not.
-STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
-
-
-def can_share_prompts(model: PreTrainedModel, length: int) -> bool:
-    """Whether rows of `length` tokens can take their prompt's keys/values from a cache: a
-    listed dense type with static rotary frequencies and no dropout (a group's rows would share
-    one mask on their prompt), no gradient checkpointing, no attention window shorter than a
-    row."""
-    config = model.config
-    if getattr(config, "model_type", None) not in SHARED_PROMPT_MODEL_TYPES:
-        return False
-    if getattr(model, "is_gradient_checkpointing", False):
-        return False
-    if getattr(config, "attention_dropout", 0.0) and model.training:
-        return False
-    if not _rope_types(config) <= STATIC_ROPE_TYPES:
-        return False
-    if not set(getattr(config, "layer_types", None) or ["full_attention"]) <= ATTENTION_KINDS:
-        return False
-    window = getattr(config, "sliding_window", None)
-    return not window or length <= window
-
-
-def _rope_types(config: object) -> set[str]:
-    """The rotary types of the config: one, or one per layer type."""
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
-    if not params:
-        return {"default"}
-    if all(isinstance(v, dict) for v in params.values()):  # {layer type: parameters}
-        return {str(v.get("rope_type", v.get("type", "default"))) for v in params.values()}
-    return {str(params.get("rope_type", params.get("type", "default")))}
+from gspo_cli.models.forward.batch import TrainBatch
+from gspo_cli.models.forward.distinct import distinct_rows
 
 
 def distinct_prompts(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,9 +28,10 @@ def distinct_prompts(batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
 
 def response_hidden(model: PreTrainedModel, batch: TrainBatch, share: bool) -> torch.Tensor:
     """`[n, T, H]`: the backbone's last hidden state at every position that predicts a
-    response token (the last prompt position, then the response's own but its last)."""
+    response token (the last prompt position, then the response's own but its last).
+    `share`: the model's capabilities allow each distinct prompt to run once at this length."""
     t = batch.response_mask.shape[1]
-    if share and can_share_prompts(model, batch.input_ids.shape[1]):
+    if share:
         first, inverse = distinct_prompts(batch)
         if len(first) < len(inverse):
             return _on_shared_prompts(model, batch, first, inverse)

@@ -9,7 +9,7 @@ from gspo_cli.models import create_builtin
 from gspo_cli.rollout import SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.rollout.seeded import GumbelMaxSampling, row_seeds
-from tests.integration.test_rl_step import PROMPTS
+from tests.rl_helpers import PROMPTS
 
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=12, num_samples=3)
 

@@ -11,7 +11,7 @@ from transformers import LogitsProcessor
 from gspo_cli.models import create_builtin
 from gspo_cli.rollout import RolloutBatch, SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
-from tests.integration.test_rl_step import PROMPTS
+from tests.rl_helpers import PROMPTS
 from tests.small_models import small_causal_lm
 
 

@@ -8,9 +8,9 @@ from typing import Literal
 import torch
 from transformers import PreTrainedModel
 
-from gspo_cli.train.batch import TrainBatch
-from gspo_cli.train.lm_head import at_least_float32, head_logprobs, plain_linear_head
-from gspo_cli.train.shared_prompts import can_share_prompts
+from gspo_cli.models.forward.batch import TrainBatch
+from gspo_cli.models.forward.capabilities import ModelCapabilities, capabilities_of
+from gspo_cli.models.forward.lm_head import at_least_float32, head_logprobs
 
 ENTROPY_CHUNK_ROWS = 8  # rows per no-grad entropy pass: bounds its [rows, T, V] temporaries
 
@@ -24,22 +24,25 @@ def response_logprobs(
     batch: TrainBatch,
     temperature: float,
     entropy: EntropyMode = False,
-    share_prompts: bool = False,
+    capabilities: ModelCapabilities | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(y_t | x, y_<t) `[n, T]` at the sampling temperature, and the entropy `[n, T]`
     when asked, else None.
 
-    A plain linear LM head (most causal LMs) is applied by `lm_head.head_logprobs`: response
-    tokens only, one `[tokens, V]` tensor in all; with `share_prompts`, each distinct prompt
-    runs once (dense models, shared_prompts.py). Its entropy always carries a gradient (paid
-    for in the backward only when used). Other models give their own logits, never beyond
-    the last prompt position; the log-probs are the chosen logit minus the logsumexp, and the
-    entropy is a metric computed without grad in chunks of rows, or, for "grad", on the
-    whole `[n, T, V]` with grad.
+    `capabilities`: the model's, as its engine decided them (None: the model's own, without
+    prompt sharing). A plain linear LM head (most causal LMs) is applied by
+    `lm_head.head_logprobs`: response tokens only, one `[tokens, V]` tensor in all; where the
+    capabilities allow, each distinct prompt runs once (dense models, shared_prompts.py). Its
+    entropy always carries a gradient (paid for in the backward only when used). Other models
+    give their own logits, never beyond the last prompt position; the log-probs are the chosen
+    logit minus the logsumexp, and the entropy is a metric computed without grad in chunks of
+    rows, or, for "grad", on the whole `[n, T, V]` with grad.
     """
-    head = plain_linear_head(model)
-    if head is not None:
-        return head_logprobs(model, head, batch, temperature, bool(entropy), share_prompts)
+    caps = capabilities or capabilities_of(model)
+    if caps.plain_head:
+        share = caps.shares_prompts_at(batch.input_ids.shape[1])
+        head = model.get_output_embeddings()
+        return head_logprobs(model, head, batch, temperature, bool(entropy), share)
     outputs = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -65,10 +68,3 @@ def response_logprobs(
             log_p = torch.log_softmax(rows, dim=-1)
             parts.append(-(log_p.exp() * log_p).sum(dim=-1))  # [r, T]
     return token_logprobs, torch.cat(parts)
-
-
-def prompts_shared(model: PreTrainedModel, batch: TrainBatch) -> bool:
-    """Whether `response_logprobs(..., share_prompts=True)` can run each distinct prompt of
-    the batch's rows once: the plain-head path, on a model that takes the prompt from a cache."""
-    head = plain_linear_head(model)
-    return head is not None and can_share_prompts(model, batch.input_ids.shape[1])

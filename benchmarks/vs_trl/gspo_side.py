@@ -1,0 +1,84 @@
+"""gspo-cli's side: `rl_step` with TorchEngine and HFGenerateEngine (the length processor
+through its `extra_processors`; no MoE volatility probe on the equal-work side, through
+`StepSettings.measure_volatility`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cycle import MINIBATCHES, PROMPTS, SAMPLES
+
+from .calls import Calls
+from .shapes import LR, MAX_GRAD_NORM, Shape
+from .workloads import Rewards, length_processor, max_new_tokens, workload_prompts
+
+
+class CountedRollout:
+    """A rollout engine whose every `generate` counts as one generate call (gspo-cli's own
+    decoding loop, which drops finished rows, or `generate`), its forwards as decode steps."""
+
+    def __init__(self, engine: Any, calls: Calls) -> None:
+        self.engine = engine
+        self.generate = calls.counted(engine.generate)
+
+    def sync_weights(self) -> None:
+        self.engine.sync_weights()
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class GspoSide:
+    def __init__(
+        self, model: Any, tokenizer: Any, shape: Shape, workload: str, skip: bool, calls: Calls
+    ) -> None:
+        from gspo_cli.recipe import Recipe
+        from gspo_cli.rollout import SamplingParams
+        from gspo_cli.rollout.hf import HFGenerateEngine
+        from gspo_cli.train.distributed import LOCAL
+        from gspo_cli.train.engine import TorchEngine
+        from gspo_cli.train.engine_settings import engine_settings
+        from gspo_cli.train.step import StepSettings
+
+        lengths = length_processor(tokenizer, workload)
+        recipe = Recipe.model_validate(
+            {
+                "algorithm": {"name": "gspo", "minibatches": MINIBATCHES},
+                "optimizer": {"lr": LR, "max_grad_norm": MAX_GRAD_NORM},
+                "trainer": {"share_prompts": skip},  # equal work: a prompt per response
+            }
+        )
+        params = SamplingParams(
+            temperature=1.0, max_new_tokens=max_new_tokens(shape, workload), num_samples=SAMPLES
+        )
+        self.settings = StepSettings(
+            algorithm=recipe.algorithm,
+            sampling=params,
+            pad_id=int(tokenizer.pad_token_id),
+            skip_zero_advantage=skip,
+            # equal work: no MoE volatility probe (one extra forward per update)
+            measure_volatility=skip,
+        )
+        self.engine = TorchEngine(model, engine_settings(recipe), LOCAL)
+        extra = [] if lengths is None else [lengths]
+        self.rollout = CountedRollout(
+            HFGenerateEngine(model, tokenizer, extra_processors=extra), calls
+        )
+        texts, answers = workload_prompts(tokenizer, workload)
+        self.prompts = [tokenizer(t)["input_ids"] for t in texts]
+        self.rewards = Rewards(workload, answers)
+        self.cycles = 0
+
+    def cycle(self) -> dict[str, Any]:
+        from gspo_cli.train.rewards import RewardScores
+        from gspo_cli.train.step import rl_step
+
+        def reward(texts: list[str], rows: list[Any], completion_ids: Any) -> RewardScores:
+            scores = self.rewards(texts, [row["prompt"] for row in rows])
+            return RewardScores(scores, scores, {})
+
+        rows = [{"prompt": i} for i in range(PROMPTS)]  # rl_step repeats them per sample
+        step, self.cycles = self.cycles, self.cycles + 1
+        out = rl_step(self.engine, self.rollout, reward, self.prompts, rows, self.settings, step)
+        prompts = [i for i in range(PROMPTS) for _ in range(SAMPLES)]  # the rollout's order
+        return self.rewards.result(prompts, [len(c) for c in out.rollout.completion_ids])

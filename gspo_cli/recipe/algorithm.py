@@ -1,0 +1,139 @@
+"""The recipe's algorithm section: the policy loss, its clip ranges, KL and corrections."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from gspo_cli.recipe.section import Section, registered
+
+
+class AlgorithmConfig(Section):
+    name: str = Field(
+        "gspo",
+        description="Policy loss: gspo, gspo_token, grpo, luspo, sapo, gmpo or cispo "
+        "(registered; see docs/options/successor-losses.md).",
+    )
+    clip_low: float | None = Field(
+        None,
+        gt=0,
+        description="eps_low; None takes the paper's (3e-4 GSPO, 0.2 GRPO, 2e-3 LUSPO, 1 = none "
+        "CISPO); GMPO: a log-space bound (0.4); SAPO: unused (soft gate).",
+    )
+    clip_high: float | None = Field(
+        None,
+        gt=0,
+        description="eps_high; None takes the paper's (4e-4 GSPO, 0.27 GRPO, 2.5e-3 LUSPO, 0.2 "
+        "CISPO); GMPO: a log-space bound (0.4); SAPO: unused (soft gate).",
+    )
+    loss_agg: str | None = Field(
+        None,
+        description="Loss aggregation: seq_mean_token_mean, token_mean or seq_mean_token_sum "
+        "(registered); None takes the algorithm's paper's (token_mean for CISPO, "
+        "seq_mean_token_mean otherwise; LUSPO allows only that).",
+    )
+    sapo_tau_pos: float = Field(
+        1.0, gt=0, description="SAPO: gate temperature for tokens with advantage > 0."
+    )
+    sapo_tau_neg: float = Field(
+        1.05, gt=0, description="SAPO: gate temperature for the others (paper: > tau_pos)."
+    )
+    scale_advantages: bool = Field(True, description="Divide advantages by the group std.")
+    mask_truncated: bool = Field(
+        False,
+        description="DAPO overlong filtering: responses cut at rollout.max_new_tokens leave the "
+        "loss and its normalisers (they still count in their group's reward mean and std).",
+    )
+    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the initial policy; 0 = off.")
+    rollout_correction: str = Field(
+        "off",
+        description="Off-policy correction for engine-vs-trainer mismatch: off, token_tis, "
+        "seq_mask or seq_truncate (registered; see the README).",
+    )
+    correction_cap: float = Field(
+        2.0,
+        gt=1,
+        description="C: token_tis / seq_truncate cap weights at C; seq_mask keeps [1/C, C].",
+    )
+    minibatches: int = Field(4, ge=1, description="Optimiser steps per rollout batch.")
+    routing_replay: Literal["off", "old_policy", "rollout"] = Field(
+        "off",
+        description="MoE Routing Replay: force each token's experts in the training forwards to "
+        "those of the pi_old forward (old_policy, the paper's R2) or of generation (rollout, R3; "
+        "HF engine). Dense models ignore it.",
+    )
+    router_aux_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of the MoE router's own load-balancing loss added to the policy "
+        "loss; 0 = off (the paper trains without it).",
+    )
+    kl_estimator: str = Field(
+        "k3",
+        description="Per-token KL estimator: k1, k2, k3 or low_var_kl (registered; see "
+        "docs/options/kl-and-entropy.md).",
+    )
+    kl_in: Literal["loss", "reward"] = Field(
+        "loss",
+        description="Where kl_coef applies the KL: loss (per token, with gradient) or reward "
+        "(each response's reward minus kl_coef x its summed KL(pi_old || ref), no gradient).",
+    )
+    ref_update_every: int = Field(
+        0,
+        ge=0,
+        description="Refresh the KL reference to the current policy every N steps; 0 = it stays "
+        "the initial policy.",
+    )
+    entropy_coef: float = Field(
+        0.0,
+        ge=0,
+        description="c_H of the entropy bonus L = L_pg - c_H x H (aggregated like the policy "
+        "loss); 0 = off.",
+    )
+
+    _name_registered = field_validator("name")(partial(registered, "algorithm"))
+    _kl_registered = field_validator("kl_estimator")(partial(registered, "kl estimator"))
+    _correction_registered = field_validator("rollout_correction")(
+        partial(registered, "rollout correction")
+    )
+
+    @field_validator("loss_agg")
+    @classmethod
+    def _agg_registered(cls, name: str | None) -> str | None:
+        return None if name is None else registered("loss aggregation", name)
+
+    @model_validator(mode="after")
+    def _paper_clip_defaults(self) -> AlgorithmConfig:
+        from gspo_cli.algorithms import PAPER_CLIP, LossOptions, resolve_loss_agg
+
+        low, high = PAPER_CLIP[self.name]
+        if self.clip_low is None:
+            self.clip_low = low
+        if self.clip_high is None:
+            self.clip_high = high
+        agg = resolve_loss_agg(self.name, self.loss_agg)  # the paper's; raises if unsupported
+        if self.loss_agg != agg:
+            self.loss_agg = agg
+        default = LossOptions()
+        taus = (self.sapo_tau_pos, self.sapo_tau_neg)
+        if self.name != "sapo" and taus != (default.sapo_tau_pos, default.sapo_tau_neg):
+            raise ValueError(f"sapo_tau_pos/sapo_tau_neg have no effect with name {self.name}")
+        return self
+
+    @model_validator(mode="after")
+    def _kl_settings_need_kl(self) -> AlgorithmConfig:
+        # A KL setting without a KL would be silently ignored: say so instead.
+        unused = [
+            f"{key} {value}"
+            for key, value, default in (
+                ("kl_estimator", self.kl_estimator, "k3"),
+                ("kl_in", self.kl_in, "loss"),
+                ("ref_update_every", self.ref_update_every, 0),
+            )
+            if value != default
+        ]
+        if self.kl_coef == 0 and unused:
+            raise ValueError(f"algorithm.{unused[0]} has no effect with kl_coef 0: set kl_coef > 0")
+        return self

@@ -1,0 +1,115 @@
+"""The recipe's model and data sections: the policy a run starts from and the prompts it sees."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from string import Formatter
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from gspo_cli.recipe.section import Section, check_exists, looks_local
+from gspo_cli.run_folder import HF_CONFIG
+
+
+class ModelConfig(Section):
+    path: str = Field(
+        "builtin:tiny-dense",
+        description="HF checkpoint folder (a bare name is the folder next to the recipe when "
+        "one exists) or hub id, or builtin:tiny-dense / builtin:tiny-moe.",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training dtype.")
+    gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+    trust_remote_code: bool = Field(False, description="Allow custom modelling code from the hub.")
+
+    _path_exists = field_validator("path")(check_exists)
+
+    @field_validator("path")
+    @classmethod
+    def _hf_folder(cls, path: str) -> str:
+        """A local model folder must be an HF checkpoint: loading it fails otherwise, late."""
+        local = Path(path).expanduser()
+        if looks_local(path) and local.exists() and not (local / HF_CONFIG).is_file():
+            kind = "folder" if local.is_dir() else "file"
+            raise ValueError(f"{path} is a {kind} without config.json, not an HF checkpoint")
+        return path
+
+
+def check_template(template: str) -> str:
+    """`{prompt}` must appear and be the only field; literal braces are doubled."""
+    hint = "the only field is {prompt}; write a literal brace as {{ or }}"
+    try:
+        fields = [f for _, f, _, _ in Formatter().parse(template) if f is not None]
+        unknown = [f for f in fields if f != "prompt"]
+        if unknown:
+            raise ValueError(f"unknown field {{{unknown[0]}}}: {hint}")
+        template.format(prompt="")  # what parse lets through, e.g. a field in a format spec
+    except KeyError as exc:
+        raise ValueError(f"unknown field {{{exc.args[0]}}}: {hint}") from None
+    except (IndexError, ValueError) as exc:
+        problem = str(exc) if "unknown field" in str(exc) else f"bad brace ({exc}): {hint}"
+        raise ValueError(problem) from None
+    if not fields:
+        raise ValueError("must contain {prompt}, where the question goes")
+    return template
+
+
+class ArithmeticTaskConfig(Section):
+    num_train: int = Field(4000, ge=1, description="Problems in the built-in training split.")
+    num_eval: int = Field(200, ge=1, description="Problems in the built-in held-out split.")
+    min_ops: int = Field(1, ge=1, description="Fewest operations in one problem.")
+    max_ops: int = Field(2, ge=1, description="Most operations in one problem.")
+    max_operand: int = Field(20, ge=2, description="Operands are drawn from 0..max_operand.")
+    operators: str = Field("+-", min_length=1, description="Operators to draw from, of '+-*'.")
+    slip_rate: float = Field(
+        0.0, ge=0, le=1, description="Share of worked solutions with an off-by-one slip."
+    )
+    unboxed_rate: float = Field(
+        0.0, ge=0, le=1, description="Share of worked solutions ending 'Answer: N', not \\boxed{N}."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ArithmeticTaskConfig:
+        if self.max_ops < self.min_ops:
+            raise ValueError(f"max_ops ({self.max_ops}) must be >= min_ops ({self.min_ops})")
+        if set(self.operators) - set("+-*"):
+            raise ValueError(f"operators must be drawn from '+-*', got {self.operators!r}")
+        return self
+
+
+class DataConfig(Section):
+    source: str = Field(
+        "builtin:arithmetic",
+        description="builtin:arithmetic, benchmark:NAME[:PATH], a local JSONL/JSON/Parquet "
+        "file, or a datasets hub id.",
+    )
+    split: str = Field("train", description="Split to train on (files have only 'train').")
+    eval_source: str | None = Field(
+        None,
+        description="Held-out data (same forms as source). None: the eval_split of source, or, "
+        "for a source without splits (a local file, benchmark:), rows carved out of training.",
+    )
+    eval_split: str = Field("test", description="Split of eval_source used for held-out accuracy.")
+    prompt_column: str = Field("prompt", description="Column holding the question.")
+    answer_column: str = Field("answer", description="Column holding the reference answer.")
+    prompt_template: str = Field(
+        "{prompt}\nPut the final answer in \\boxed{{}}.",
+        description="Format string applied to each question before the chat template: {prompt} "
+        "is the question, the only field; literal braces are doubled ({{ }}).",
+    )
+    max_prompt_tokens: int = Field(256, ge=8, description="Longer prompts are dropped.")
+    arithmetic: ArithmeticTaskConfig = Field(
+        default_factory=ArithmeticTaskConfig, description="Knobs of builtin:arithmetic."
+    )
+    seed: int = Field(1234, description="Seed of the built-in task generator and shuffling.")
+
+    heldout_size: int | None = Field(
+        None,
+        ge=1,
+        description="Rows carved (seeded by data.seed) out of a source without splits for "
+        "held-out accuracy and never trained on, when eval_source is unset; None: "
+        "eval.num_problems.",
+    )
+
+    _paths_exist = field_validator("source", "eval_source")(check_exists)
+    _template = field_validator("prompt_template")(check_template)

@@ -1,0 +1,78 @@
+"""The recipe's reward section: the reward functions, their workers and the code sandbox."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from gspo_cli.recipe.section import Section
+
+
+class RewardFunctionConfig(Section):
+    name: str = Field(
+        description="A registered reward (math, code) or your own function as module:function."
+    )
+    weight: float = Field(1.0, allow_inf_nan=False, description="Weight of this reward in the sum.")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The function's keyword-only options, e.g. {partial_credit: true} for code.",
+    )
+    none_as: float | Literal["skip"] | None = Field(
+        None,
+        description="What a None score means: a number, or skip (not scored: adds nothing, left "
+        "out of its mean); unset: None is an error.",
+    )
+
+    @field_validator("none_as", mode="before")
+    @classmethod
+    def _none_as(cls, value: Any) -> Any:
+        from gspo_cli.rewards.contract import parse_none_as
+
+        return parse_none_as(value)
+
+    @model_validator(mode="after")
+    def _bind_options(self) -> RewardFunctionConfig:
+        from gspo_cli.rewards.binding import check_options, resolve_reward
+
+        checked = check_options(self.name, resolve_reward(self.name), self.options)
+        if checked != self.options:
+            self.options = checked
+        return self
+
+
+class SandboxConfig(Section):
+    allow_weak_isolation: bool = Field(
+        False,
+        description="Judge code without bubblewrap (unshare or rlimits isolation), if need be.",
+    )
+
+
+class RewardConfig(Section):
+    functions: list[RewardFunctionConfig] = Field(
+        default_factory=lambda: [RewardFunctionConfig(name="math")],
+        min_length=1,
+        description="Reward functions, summed with their weights.",
+    )
+    num_workers: int = Field(2, ge=1, description="Processes that score completions.")
+    timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds per completion: each maths check; a call of your own function on N "
+        "completions gets N x this.",
+    )
+    sandbox: SandboxConfig = Field(
+        default_factory=SandboxConfig, description="The code sandbox's isolation policy."
+    )
+    overlong_buffer: int = Field(
+        0,
+        ge=0,
+        description="DAPO soft overlong punishment: the last N tokens before "
+        "rollout.max_new_tokens, over which a penalty grows linearly to overlong_penalty; 0 = off.",
+    )
+    overlong_penalty: float = Field(
+        1.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="The overlong penalty subtracted from the reward at rollout.max_new_tokens.",
+    )

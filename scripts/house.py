@@ -1,0 +1,182 @@
+"""The shape of the house: import circles, upward arrows, long files and long functions.
+
+    .venv/bin/python scripts/house.py [--strict]
+
+Every import counts, lazy and type-only ones too: a circle hidden behind TYPE_CHECKING is still a
+circle for the reader. Layers run one way (docs: architecture.md), top first:
+
+    cli -> train, eval, compare -> recipe -> rollout, rewards, models, data -> algorithms -> base
+
+where base is the top-level helpers (errors, registry, workers, run_folder, ...). An arrow from a
+lower layer to a higher one is "upward". Prints every finding and a summary line; with --strict
+exits 1 when there is any (tests/unit/test_house.py runs it so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+PACKAGE = "gspo_cli"
+ROOT = Path(__file__).resolve().parent.parent / PACKAGE
+MAX_FILE_LINES = 500
+MAX_FUNCTION_LINES = 80
+# Top layer first; a module's layer is that of its first dotted part below the package.
+LAYERS: list[set[str]] = [
+    {"cli"},
+    {"train", "eval", "compare"},
+    {"recipe"},
+    {"rollout", "rewards", "models", "data"},
+    {"algorithms"},
+]
+# A function may pass MAX_FUNCTION_LINES only when its first comment line says why, starting so.
+LONG_FUNCTION_MARK = "# long on purpose:"
+
+
+def module_name(path: Path) -> str:
+    """gspo_cli/train/step.py -> gspo_cli.train.step (a package is its __init__)."""
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(tree: ast.Module, name: str, is_package: bool, known: set[str]) -> set[str]:
+    """The package's modules that `name` imports anywhere (top level, lazily or type-only)."""
+    found: set[str] = set()
+    package = name if is_package else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            # `from pkg import module` imports the module; `from module import thing` the module.
+            submodules = [f"{base}.{alias.name}" for alias in node.names]
+            targets = [m for m in submodules if m in known] or [base]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def layer_of(module: str) -> int:
+    """0 for cli, growing downwards; the top-level helpers are the bottom layer."""
+    first = module.split(".")[1] if "." in module else ""
+    for rank, layer in enumerate(LAYERS):
+        if first in layer:
+            return rank
+    return len(LAYERS)
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            advanced = False
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    advanced = True
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def long_functions(tree: ast.Module, lines: list[str]) -> list[tuple[str, int, int]]:
+    """(name, first line, length) of each function longer than MAX_FUNCTION_LINES, unexplained."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        length = (node.end_lineno or node.lineno) - start + 1
+        body_text = "\n".join(lines[node.lineno : node.end_lineno])
+        if length > MAX_FUNCTION_LINES and LONG_FUNCTION_MARK not in body_text:
+            found.append((node.name, node.lineno, length))
+    return found
+
+
+def survey() -> list[str]:
+    """Every finding, one line each."""
+    files = sorted(ROOT.rglob("*.py"))
+    known = {module_name(path) for path in files}
+    graph: dict[str, set[str]] = {}
+    findings: list[str] = []
+    for path in files:
+        text = path.read_text()
+        lines = text.splitlines()
+        tree = ast.parse(text)
+        name = module_name(path)
+        graph[name] = imported_modules(tree, name, path.name == "__init__.py", known)
+        where = path.relative_to(ROOT.parent)
+        if len(lines) > MAX_FILE_LINES:
+            findings.append(f"long file: {where} has {len(lines)} lines")
+        for function, line, length in long_functions(tree, lines):
+            findings.append(f"long function: {where}:{line} {function} has {length} lines")
+    for name, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if layer_of(target) < layer_of(name):
+                findings.append(f"upward arrow: {name} -> {target}")
+    for component in circles(graph):
+        findings.append("import circle: " + " <-> ".join(component))
+    return findings
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--strict", action="store_true", help="exit 1 when anything is found")
+    findings = survey()
+    strict = parser.parse_args().strict
+    for finding in findings:
+        print(finding)
+    kinds = ["import circle", "upward arrow", "long file", "long function"]
+    print(", ".join(f"{sum(f.startswith(k) for f in findings)} {k}s" for k in kinds))
+    return 1 if strict and findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Plain helpers the test modules share: the repository root, the CLI run in a subprocess or in
+this process, small recipes, a process holding a folder's lock, and known programs for the code
+reward. Light on purpose (no torch): `tests/rl_helpers.py` holds the RL step's fakes.
+
+Fixtures stay in the conftest files (pytest finds them there); those import from here too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --- the CLI ---------------------------------------------------------------------------------
+
+
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """Run the real `gspo` entry point in a subprocess, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "gspo_cli.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd or REPO,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def invoke_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run `gspo ARGS` in this process, through the same entry point and error handling as the
+    console script: a fast stand-in for `run_cli` where no process boundary is under test."""
+    from gspo_cli.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    argv = sys.argv
+    sys.argv = ["gspo", *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = argv
+    return subprocess.CompletedProcess(["gspo", *args], code, out.getvalue(), err.getvalue())
+
+
+def interruptible() -> None:
+    """`preexec_fn` for a child a test sends Ctrl-C: a shell starts background jobs (and CI
+    may start its runner) with SIGINT ignored, which a child would inherit and keep."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# --- recipes ---------------------------------------------------------------------------------
+
+# Small enough to train in seconds, easy enough that a short SFT gives mixed rewards.
+TINY_TASK = {
+    "data": {
+        "arithmetic": {
+            "num_train": 100,
+            "num_eval": 16,
+            "max_operand": 9,
+            "min_ops": 1,
+            "max_ops": 1,
+            "unboxed_rate": 0.5,
+        }
+    },
+    "rollout": {"num_prompts": 4, "group_size": 4, "max_new_tokens": 24},
+    "eval": {"num_problems": 8, "samples": 2, "every": 100},
+    "reward": {"num_workers": 1},
+    "logging": {"console": "plain"},
+}
+
+
+def write_recipe(folder: Path, overrides: dict[str, Any]) -> Path:
+    """`folder/recipe.yaml`: the tiny task with `overrides` merged in."""
+    from gspo_cli.recipe import deep_merge
+
+    path = folder / "recipe.yaml"
+    path.write_text(yaml.safe_dump(deep_merge(TINY_TASK, overrides)))
+    return path
+
+
+# --- a folder's one writer -------------------------------------------------------------------
+
+# Holds the lock on argv[1] until killed; with argv[2] == "fork", first forks a child that
+# outlives it (as a maths verifier worker would for a moment), and prints the child's pid once
+# the child runs (its fork handlers done).
+HOLDER = """
+import os, sys, time
+from pathlib import Path
+from gspo_cli.run_folder import one_writer
+with one_writer(Path(sys.argv[1]), "gspo train"):
+    if sys.argv[2] == "fork":
+        ready, running = os.pipe()
+        child = os.fork()
+        if child == 0:
+            os.write(running, b"x")
+            time.sleep(120)
+            os._exit(0)
+        os.read(ready, 1)
+        print(child, flush=True)
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+@contextmanager
+def lock_holder(folder: Path, fork: bool = False) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """A process holding `folder`'s lock: (the process, its forked child's pid or 0)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(folder), "fork" if fork else "-"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        child = int(proc.stdout.readline()) if fork else 0
+        assert proc.stdout.readline().strip() == "held"
+        yield proc, child
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# --- programs for the code reward ------------------------------------------------------------
+# Written from the problem statements of the ../shared samples (tests/integration/
+# test_code_judging.py judges them on their first few tests).
+
+CARDS_ABC = """\
+t = int(input())
+for _ in range(t):
+    s = input().strip()
+    print("YES" if sum(a != b for a, b in zip(s, "abc")) <= 2 else "NO")
+"""
+SENIORS = """\
+class Solution:
+    def countSeniors(self, details: List[str]) -> int:
+        return sum(int(d[11:13]) > 60 for d in details)
+"""
+TAKAHASHI_AOKI = """\
+n = int(input())
+s = input().strip()
+t, a = s.count("T"), s.count("A")
+if t != a:
+    print("T" if t > a else "A")
+else:  # tie: whoever reached the count first, i.e. did not win the last game
+    print("A" if s[-1] == "T" else "T")
+"""
+GOOD = {
+    "codeforces/1873_A": CARDS_ABC,
+    "leetcode/2727": SENIORS,
+    "atcoder/abc301_a": TAKAHASHI_AOKI,
+}
+BAD = {
+    "codeforces/1873_A": "t = int(input())\nfor _ in range(t):\n    input()\n    print('YES')\n",
+    "leetcode/2727": "class Solution:\n    def countSeniors(self, details):\n        return 0\n",
+    "atcoder/abc301_a": "n = int(input())\ns = input()\nprint('T')\n",
+}
+# 12_B "Correct Solution?": is m the smallest number made of n's digits (no leading zero)?
+SMALLEST_SHUFFLE = """\
+n, m = input().strip(), input().strip()
+digits = sorted(n)
+if digits[0] == "0" and len(digits) > 1:
+    first = next(i for i, d in enumerate(digits) if d != "0")
+    digits[0], digits[first] = digits[first], digits[0]
+print("OK" if "".join(digits) == m else "WRONG_ANSWER")
+"""
+# 1000_A "Codehorses T-shirts": equal-length valid sizes differ in one letter.
+TSHIRTS = """\
+from collections import Counter
+n = int(input())
+old = Counter(input().strip() for _ in range(n))
+new = Counter(input().strip() for _ in range(n))
+print(sum((old - new).values()))
+"""
+
+
+def fenced(code: str) -> str:
+    """`code` as a model would answer: in a fenced block between two sentences."""
+    return f"Here is my solution.\n```python\n{code}```\nIt runs in O(n)."

@@ -1,0 +1,81 @@
+"""Fakes and builders for tests of the RL step on the built-in tiny models: fixed prompts, a
+reward with signal in every group, a replayed rollout, an engine that keeps its gradients, and
+`tiny_step`, the `StepSettings` of a test's step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from gspo_cli.recipe import Recipe
+from gspo_cli.rollout import RolloutBatch, SamplingParams
+from gspo_cli.train.engine import TorchEngine
+from gspo_cli.train.rewards import RewardScores
+from gspo_cli.train.step import StepSettings
+
+PROMPTS = [
+    [2, 10, 11, 12, 3, 6, 2],
+    [2, 20, 21, 3, 6, 2],
+    [2, 30, 31, 32, 33, 3, 6, 2],
+    [2, 40, 3, 6, 2],
+]
+GROUP = 4
+
+
+def tiny_step(
+    recipe: Recipe | None = None,
+    *,
+    sampling: SamplingParams | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    **differs: Any,
+) -> StepSettings:
+    """The settings of a test's RL step: `recipe`'s algorithm (default `Recipe()`'s), `sampling`
+    (default `SamplingParams()`), the pad id of `tokenizer` (0 without one); any other
+    `StepSettings` field by keyword, where the test sets it."""
+    return StepSettings(
+        algorithm=(Recipe() if recipe is None else recipe).algorithm,
+        sampling=SamplingParams() if sampling is None else sampling,
+        pad_id=0 if tokenizer is None else int(tokenizer.pad_token_id),
+        **differs,
+    )
+
+
+class LengthParityReward:
+    """A deterministic reward that varies within groups, so every group carries signal."""
+
+    def __call__(
+        self, completions: list[str], rows: list[dict[str, Any]], completion_ids: Any = None
+    ) -> RewardScores:
+        scores = [float(len(c) % 2) for c in completions]
+        return RewardScores(scores, scores, {})
+
+
+class FixedRollout:
+    """Replays one rollout so that two training set-ups see identical data."""
+
+    def __init__(self, batch: RolloutBatch) -> None:
+        self.batch = batch
+
+    def sync_weights(self) -> None:
+        pass
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+    ) -> RolloutBatch:
+        return self.batch
+
+
+class GradCapturingEngine(TorchEngine):
+    """Records the accumulated gradients of every optimiser step before applying it."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.grads: list[dict[str, torch.Tensor]] = []
+
+    def step(self, skip: bool = False) -> tuple[float, bool]:
+        self.grads.append(
+            {n: p.grad.clone() for n, p in self.model.named_parameters() if p.grad is not None}
+        )
+        return super().step(skip)
