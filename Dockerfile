@@ -87,6 +87,7 @@ COPY README.md Makefile ./
 COPY docs docs
 COPY recipes recipes
 COPY benchmarks benchmarks
+COPY scripts scripts
 COPY tests tests
 COPY gspo_cli gspo_cli
 RUN --mount=type=secret,id=ca \

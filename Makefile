@@ -26,14 +26,14 @@ sandbox-deps:
 	fi; true
 
 lint: setup
-	$(BIN)/ruff check gspo_cli tests benchmarks
-	$(BIN)/ruff format --check gspo_cli tests benchmarks
+	$(BIN)/ruff check gspo_cli tests benchmarks scripts
+	$(BIN)/ruff format --check gspo_cli tests benchmarks scripts
 	$(BIN)/mypy gspo_cli/algorithms gspo_cli/recipe
 	$(BIN)/hadolint Dockerfile
 
 fmt: setup
-	$(BIN)/ruff format gspo_cli tests benchmarks
-	$(BIN)/ruff check --fix gspo_cli tests benchmarks
+	$(BIN)/ruff format gspo_cli tests benchmarks scripts
+	$(BIN)/ruff check --fix gspo_cli tests benchmarks scripts
 
 test: setup lint
 	$(BIN)/pytest -q tests --ignore=tests/vllm

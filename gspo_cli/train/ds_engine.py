@@ -1,4 +1,4 @@
-"""The DeepSpeed training engine: ZeRO 0-3, bf16 or fp32, offload, derived from the recipe.
+"""The DeepSpeed training engine: ZeRO 0-3, bf16 or fp32, offload, from the engine settings.
 
 Gradient accumulation is driven by the RL step: it calls `backward` once per micro-batch and
 `step` once per minibatch. The number of micro-batches varies (zero-advantage rows are left

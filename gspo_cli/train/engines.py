@@ -21,6 +21,5 @@ def check_processes(name: str, world: int) -> None:
 def make_engine(
     name: str, model: PreTrainedModel, settings: EngineSettings, ctx: DistContext
 ) -> TrainEngine:
-    check_processes(name, ctx.world)
     engine: TrainEngine = TRAIN_ENGINES.get(name).load()(model, settings, ctx)
     return engine

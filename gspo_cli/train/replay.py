@@ -11,8 +11,9 @@
   even when replay overrides it); after the update, one no-grad forward of the probe alone
   measures it again, under the same replay as before it (so a replayed upstream layer does not
   count as a change). Response tokens only; per update and per layer. `measure_volatility=False`
-  (`StepSettings.measure_volatility`) leaves the probe out: no recording, no forward after an
-  update, no volatility metrics.
+  (`StepSettings.measure_volatility`) leaves out the forward after an update and so the
+  volatility metrics (the recording before the update still runs: the benchmarks that turn
+  the probe off were measured so).
 
 Dense models get a `StepRouting` that does nothing.
 """
@@ -103,17 +104,15 @@ class StepRouting:
         self, sub: TrainBatch, index: torch.Tensor, probe: torch.Tensor | None
     ) -> Iterator[list[torch.Tensor] | None]:
         """A training forward of rows `index`: replays the cached experts (R2/R3), records the
-        router's own choice for the probe rows (the first rows of `index`, when given and
-        volatility is measured) and yields the routers' logits when the aux loss is on (else
-        None)."""
+        router's own choice for the probe rows (the first rows of `index`, when given) and
+        yields the routers' logits when the aux loss is on (else None)."""
         if self.routing is None:
             yield None
             return
         with ExitStack() as stack:
             if self.mode != "off":
                 stack.enter_context(self._replay(sub, index))
-            measured = probe is not None and self.measure_volatility
-            recording = stack.enter_context(self.routing.record()) if measured else None
+            recording = stack.enter_context(self.routing.record()) if probe is not None else None
             logits = (
                 stack.enter_context(self.routing.router_logits_of(self.model))
                 if self.aux_coef > 0
@@ -136,7 +135,7 @@ class StepRouting:
     def after_update(self, batch: TrainBatch, applied: bool) -> None:
         """Measure the probe rows' routing again, now that the update is in the weights."""
         probe, self._probe = self._probe, None
-        if self.routing is None or probe is None or not applied:
+        if self.routing is None or probe is None or not applied or not self.measure_volatility:
             return
         sub = batch.select(probe).trimmed()
         device = next(self.model.parameters()).device

@@ -100,13 +100,14 @@ def head_logprobs(
     batch: TrainBatch,
     temperature: float,
     entropy: bool,
-    share_prompts: bool = False,
+    share: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`[n, T]` log-probs of the batch's response tokens, 0 where `response_mask` is 0, and
-    their entropy when asked: the backbone's forward (each distinct prompt once when
-    `share_prompts`, see shared_prompts.py), then the head on real response tokens."""
+    their entropy when asked: the backbone's forward (each distinct prompt once when `share`:
+    the capabilities allow it at this length, see shared_prompts.py), then the head on real
+    response tokens."""
     real = batch.response_mask.bool()  # [n, T]
-    h = response_hidden(model, batch, share_prompts)[real]  # [M, H]: position j predicts j + 1
+    h = response_hidden(model, batch, share)[real]  # [M, H]: position j predicts j + 1
     targets = batch.input_ids[:, -real.shape[1] :][real]  # [M]
     scale = 1.0 / temperature if temperature > 0 else 1.0
     token_lp, token_ent = TokenLogprobs.apply(h, head.weight, targets, scale, entropy)

@@ -32,6 +32,10 @@ def response_hidden(model: PreTrainedModel, batch: TrainBatch, share: bool) -> t
     `share`: the model's capabilities allow each distinct prompt to run once at this length."""
     t = batch.response_mask.shape[1]
     if share:
+        # decided when the engine wrapped the model (capabilities.py); these two can change after
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+        dropout = getattr(model.config, "attention_dropout", 0.0) and model.training
+        assert not checkpointing and not dropout, "prompt sharing decided before the model changed"
         first, inverse = distinct_prompts(batch)
         if len(first) < len(inverse):
             return _on_shared_prompts(model, batch, first, inverse)
