@@ -76,3 +76,14 @@ class RewardConfig(Section):
         allow_inf_nan=False,
         description="The overlong penalty subtracted from the reward at rollout.max_new_tokens.",
     )
+
+    @model_validator(mode="after")
+    def _penalty_needs_a_buffer(self) -> RewardConfig:
+        # A penalty without a buffer would be silently ignored: say so instead.
+        default = type(self).model_fields["overlong_penalty"].default
+        if self.overlong_buffer == 0 and self.overlong_penalty != default:
+            raise ValueError(
+                f"reward.overlong_penalty {self.overlong_penalty:g} has no effect with "
+                "overlong_buffer 0: set overlong_buffer > 0"
+            )
+        return self

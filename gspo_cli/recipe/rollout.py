@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from gspo_cli.recipe.section import Section, registered
 
@@ -76,6 +76,17 @@ class RolloutConfig(Section):
     )
 
     _engine_registered = field_validator("engine")(partial(registered, "rollout engine"))
+
+    @model_validator(mode="after")
+    def _rounds_need_dynamic_sampling(self) -> RolloutConfig:
+        # A round limit without dynamic sampling would be silently ignored: say so instead.
+        default = type(self).model_fields["dynamic_sampling_max_rounds"].default
+        if not self.dynamic_sampling and self.dynamic_sampling_max_rounds != default:
+            raise ValueError(
+                f"rollout.dynamic_sampling_max_rounds {self.dynamic_sampling_max_rounds} has no "
+                "effect without dynamic_sampling: set dynamic_sampling: true"
+            )
+        return self
 
     @field_validator("use_engine_logprobs", mode="before")
     @classmethod

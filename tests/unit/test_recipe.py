@@ -119,6 +119,14 @@ def test_base_loop_is_reported(tmp_path: Path) -> None:
             "reward.overlong_penalty: Input should be greater than or equal to 0",
         ),
         (
+            "reward: {overlong_penalty: 0.5}\n",
+            "reward.overlong_penalty 0.5 has no effect with overlong_buffer 0",
+        ),
+        (
+            "rollout: {dynamic_sampling_max_rounds: 3}\n",
+            "rollout.dynamic_sampling_max_rounds 3 has no effect without dynamic_sampling",
+        ),
+        (
             "algorithm: {name: sapo, sapo_tau_pos: .inf}\n",
             "algorithm.sapo_tau_pos: Input should be a finite number",
         ),
