@@ -4,7 +4,10 @@ Each recipe (default: `recipes/quickstart.yaml`, GSPO, and one `recipes/quicksta
 option) runs its whole quickstart (cold start, 100 RL steps) for each seed into
 DIR/<name>-s<seed>, then `gspo compare --group-seeds --baseline <first run>` writes the table and
 plots to DIR/comparison (mean over seeds with 95% Student-t intervals; held-out accuracy is 200
-problems x 4 samples).
+problems x 4 samples). Since every option of one seed starts from the same cold start, it also
+prints (and writes to DIR/comparison/paired.md) each option's difference from the first recipe
+paired by seed: final held-out accuracy and final reward, mean and 95% t interval of the
+per-seed differences, which is far narrower than the unpaired intervals of the table.
 
     .venv/bin/python benchmarks/compare_algorithms.py DIR [--recipes a.yaml,b.yaml]
         [--seeds 1,2,3] [--jobs 2]
@@ -19,6 +22,7 @@ not run again, so an interrupted comparison picks up where it stopped. Prints; a
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -26,7 +30,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gspo_cli.run_folder import COLD_START, HF_CONFIG
+from gspo_cli.compare.intervals import Estimate
+from gspo_cli.run_folder import COLD_START, HF_CONFIG, METRICS
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 DEFAULT_RECIPES = [
@@ -72,6 +77,41 @@ def _train(recipe: Path, seed: int, out: Path) -> Path:
     return folder
 
 
+def _finals(folder: Path) -> tuple[float, float]:
+    """(held-out accuracy after the last step, mean reward of the last 10 steps) of a run."""
+    heldout = json.loads((folder / "summary.json").read_text())["heldout_accuracy"]
+    last = (folder / METRICS).read_text().strip().splitlines()[-10:]
+    reward = sum(json.loads(line)["reward_mean"] for line in last) / len(last)
+    return heldout[str(max(int(step) for step in heldout))], reward
+
+
+def paired_table(folders: dict[tuple[str, int], Path], recipes: list[str], seeds: list[int]) -> str:
+    """Markdown: each recipe against the first, per-seed differences' mean and 95% interval."""
+    lines = [
+        f"Paired by seed against `{recipes[0]}` (same cold start per seed): mean difference of "
+        "the seeds' final values ± the half-width of its 95% Student-t interval; * where the "
+        "interval excludes 0.",
+        "",
+        "| recipe | held-out accuracy (points) | reward, last 10 steps | seeds |",
+        "|---|---|---|---|",
+    ]
+    for recipe in recipes[1:]:
+        pairs = [s for s in seeds if (recipe, s) in folders and (recipes[0], s) in folders]
+        if len(pairs) < 2:
+            continue
+        ours = [_finals(folders[recipe, s]) for s in pairs]
+        base = [_finals(folders[recipes[0], s]) for s in pairs]
+        cells = []
+        for column, scale in ((0, 100), (1, 1)):
+            gaps = [(a[column] - b[column]) * scale for a, b in zip(ours, base, strict=True)]
+            est = Estimate.of(gaps, len(pairs))
+            low, high = est.ci_low or 0.0, est.ci_high or 0.0
+            star = " *" if low > 0 or high < 0 else ""
+            cells.append(f"{est.mean:+.3g} ± {high - est.mean:.2g}{star}")
+        lines.append(f"| {recipe} | {cells[0]} | {cells[1]} | {', '.join(map(str, pairs))} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
@@ -92,6 +132,14 @@ def main() -> None:
     baseline = str(args.out / f"{recipes[0].stem}-s{seeds[0]}")
     compare = [*GSPO, "compare", *finished, "--group-seeds", "--baseline", baseline]
     subprocess.run([*compare, "--out", str(args.out / "comparison")], check=True)
+    done = {
+        (recipe.stem, seed): args.out / f"{recipe.stem}-s{seed}"
+        for recipe, seed in jobs
+        if (args.out / f"{recipe.stem}-s{seed}" / "summary.json").exists()
+    }
+    table = paired_table(done, [recipe.stem for recipe in recipes], seeds)
+    (args.out / "comparison" / "paired.md").write_text(table)
+    print(table)
 
 
 if __name__ == "__main__":
