@@ -51,9 +51,14 @@ SetOpt = Annotated[
 
 
 def _summary(recipe: Recipe) -> str:
+    from gspo_cli.algorithms import NO_HARD_CLIP
+
     algo, rollout = recipe.algorithm, recipe.rollout
+    limits = f"clip {algo.clip_low:g}/{algo.clip_high:g}"
+    if algo.name in NO_HARD_CLIP:
+        limits = f"gate tau {algo.sapo_tau_pos:g}/{algo.sapo_tau_neg:g}"
     return (
-        f"{recipe.name}: {algo.name} (clip {algo.clip_low:g}/{algo.clip_high:g}, "
+        f"{recipe.name}: {algo.name} ({limits}, "
         f"{algo.loss_agg}), model {recipe.model.path}, data {recipe.data.source}, "
         f"{recipe.trainer.steps} steps x {rollout.num_prompts} prompts x {rollout.group_size} "
         f"samples, {algo.minibatches} minibatches"

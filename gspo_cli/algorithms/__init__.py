@@ -17,6 +17,7 @@ from gspo_cli.algorithms.correction import (
 )
 from gspo_cli.algorithms.losses import (
     LOG_RATIO_CLAMP,
+    NO_HARD_CLIP,
     PAPER_CLIP,
     POLICY_LOSSES,
     LossOptions,
@@ -30,6 +31,7 @@ __all__ = [
     "DEFAULT_LOSS_AGG",
     "LOG_RATIO_CLAMP",
     "LOSS_AGGREGATIONS",
+    "NO_HARD_CLIP",
     "PAPER_CLIP",
     "POLICY_LOSSES",
     "ROLLOUT_CORRECTIONS",

@@ -73,6 +73,9 @@ PAPER_CLIP: dict[str, tuple[float, float]] = {
     "gmpo": (0.4, 0.4),
     "cispo": (1.0, 0.2),
 }
+# Losses with a soft gate instead of a hard clip: clip_low/clip_high are unused (a recipe based on
+# a clipped one may carry them), and summaries show the gate instead.
+NO_HARD_CLIP = frozenset({"sapo"})
 
 # Aggregations other than the default that a paper uses: CISPO normalises by all tokens (Eq. 4).
 PAPER_LOSS_AGG: dict[str, str] = {"cispo": "token_mean"}

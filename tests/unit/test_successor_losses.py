@@ -17,7 +17,7 @@ import torch
 
 from gspo_cli.algorithms import PAPER_CLIP, POLICY_LOSSES, LossOptions, compute_policy_loss
 from gspo_cli.recipe import RecipeError, load_recipe
-from tests.helpers import invoke_cli
+from tests.helpers import REPO, invoke_cli
 
 Tensor = torch.Tensor
 SUCCESSORS = ["luspo", "sapo", "gmpo", "cispo"]
@@ -400,3 +400,10 @@ def test_only_luspo_may_take_pi_old_from_the_engine(name: str, expected: bool | 
 
     exact = {"top_p": 1.0, "top_k": 0, "rollout_correction": "off", "routing_replay": "off"}
     assert resolve_engine_logprobs("auto", algorithm=name, **exact) == expected  # type: ignore[arg-type]
+
+
+def test_validate_shows_sapos_gate_not_a_clip() -> None:
+    result = invoke_cli("validate", str(REPO / "recipes" / "quickstart-sapo.yaml"))
+    assert result.returncode == 0, result.stderr
+    summary = " ".join(result.stdout.split())
+    assert "sapo (gate tau 1/1.05," in summary and "clip" not in summary, summary
