@@ -51,9 +51,9 @@ from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.distributed import LOCAL
 from gspo_cli.train.engine import TorchEngine
 from gspo_cli.train.engine_settings import engine_settings
-from gspo_cli.train.prepare import engine_logprobs_mode, rollout_params
+from gspo_cli.train.prepare import step_settings
 from gspo_cli.train.rewards import RewardModel, RewardScores
-from gspo_cli.train.step import StepSettings, rl_step
+from gspo_cli.train.step import rl_step
 
 VARIANTS = {"recompute pi_old (false)": False, "engine log-probs (auto)": "auto"}
 BASE = "recompute pi_old (false)"
@@ -109,15 +109,7 @@ def run(workload: str, rounds: int, console: Console) -> None:
         copy_ = copy.deepcopy(model)
         chosen = recipe.model_copy(deep=True)
         chosen.rollout.use_engine_logprobs = mode
-        settings = StepSettings(
-            algorithm=chosen.algorithm,
-            sampling=rollout_params(chosen),
-            pad_id=int(tokenizer.pad_token_id),
-            micro_batch_size=chosen.trainer.micro_batch_size,
-            use_engine_logprobs=engine_logprobs_mode(chosen),
-            max_tokens_per_micro_batch=chosen.trainer.max_tokens_per_micro_batch,
-            skip_zero_advantage=chosen.trainer.skip_zero_advantage,
-        )
+        settings = step_settings(chosen, int(tokenizer.pad_token_id))
         sides[name] = (
             TorchEngine(copy_, engine_settings(chosen), LOCAL),
             HFGenerateEngine(copy_, tokenizer),

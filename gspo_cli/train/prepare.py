@@ -169,10 +169,20 @@ def prepare_run(
         )
     else:
         torch.manual_seed(recipe.trainer.seed)
-    settings = StepSettings(
+    settings = step_settings(recipe, int(tokenizer.pad_token_id))
+    return PreparedRun(
+        recipe, ctx, device, run_dir, console, tokenizer, train_set, eval_problems, engine,
+        rollout_engine, ref_engine, reward, math_pool, sampler, log, settings, state,
+        stop or StopRequest(), state.step,
+    )  # fmt: skip
+
+
+def step_settings(recipe: Recipe, pad_id: int) -> StepSettings:
+    """What an RL step needs of `recipe` (the run's, or a benchmark's)."""
+    return StepSettings(
         algorithm=recipe.algorithm,
         sampling=rollout_params(recipe),
-        pad_id=int(tokenizer.pad_token_id),
+        pad_id=pad_id,
         micro_batch_size=recipe.trainer.micro_batch_size,
         use_engine_logprobs=engine_logprobs_mode(recipe),
         max_tokens_per_micro_batch=recipe.trainer.max_tokens_per_micro_batch,
@@ -180,11 +190,6 @@ def prepare_run(
         overlong_buffer=recipe.reward.overlong_buffer,
         overlong_penalty=recipe.reward.overlong_penalty,
     )
-    return PreparedRun(
-        recipe, ctx, device, run_dir, console, tokenizer, train_set, eval_problems, engine,
-        rollout_engine, ref_engine, reward, math_pool, sampler, log, settings, state,
-        stop or StopRequest(), state.step,
-    )  # fmt: skip
 
 
 def engine_logprobs_mode(recipe: Recipe) -> EngineLogprobs:
