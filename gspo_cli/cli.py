@@ -153,7 +153,7 @@ PromptTemplateOpt = Annotated[
 @app.command("eval")
 def eval_(
     checkpoint: Annotated[
-        str, typer.Argument(help="HF checkpoint folder, run folder or builtin:NAME.")
+        str, typer.Argument(help="HF checkpoint folder, .gguf file, run folder or builtin:NAME.")
     ],
     benchmark: Annotated[
         str | None,

@@ -1,4 +1,5 @@
-"""Resolve what `gspo eval CHECKPOINT` names: an HF folder, a run folder, or a built-in model."""
+"""Resolve what `gspo eval CHECKPOINT` names: an HF folder, a GGUF file, a run folder, or a
+built-in model."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 
 from gspo_cli.errors import GspoError
 from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX
+from gspo_cli.models.gguf import GGUF_SUFFIX
 from gspo_cli.run_folder import CHECKPOINTS, COLD_START, HF_CONFIG, LATEST
 
 
@@ -18,7 +20,7 @@ def resolve_checkpoint(name: str) -> str:
         if name.startswith(("/", ".", "~")) or name.count("/") != 1:
             raise GspoError(f"checkpoint not found: {name}")
         return name  # a hub id such as Qwen/Qwen3-8B, loaded if cached
-    if (path / HF_CONFIG).is_file():
+    if (path / HF_CONFIG).is_file() or (path.is_file() and path.suffix == GGUF_SUFFIX):
         return str(path)
     pointer = path / CHECKPOINTS / LATEST
     if pointer.is_file():
@@ -28,4 +30,6 @@ def resolve_checkpoint(name: str) -> str:
         return str(folder)
     if (path / COLD_START / HF_CONFIG).is_file():
         return str(path / COLD_START)
-    raise GspoError(f"{name} is neither an HF checkpoint (config.json) nor a run folder")
+    raise GspoError(
+        f"{name} is neither an HF checkpoint (config.json), a .gguf file nor a run folder"
+    )

@@ -1,4 +1,4 @@
-"""Load the policy: an HF checkpoint (folder or hub id) or a built-in tiny model."""
+"""Load the policy: an HF checkpoint (folder or hub id), a GGUF file, or a built-in model."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from gspo_cli.errors import GspoError
-from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX, create_builtin
+from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX, BUILTIN_MODELS, create_builtin
+from gspo_cli.models.gguf import GGUF_SUFFIX, PRETRAINED_BUILTINS, hf_folder_of, wheel_gguf
 
 hf_logging.disable_progress_bar()  # gspo's own display reports progress
 
@@ -48,11 +49,13 @@ def load_policy(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model and its tokenizer; a problem becomes one GspoError line naming `what` (the
     recipe key or argument) and the path."""
+    path = hf_path(path, what=what)
     if path.startswith(BUILTIN_MODEL_PREFIX):
         try:
             model, tokenizer = create_builtin(path.removeprefix(BUILTIN_MODEL_PREFIX), seed)
-        except KeyError as exc:
-            raise GspoError(f"{what}: {exc}") from None
+        except KeyError:
+            known = ", ".join(sorted([*BUILTIN_MODELS.names(), *PRETRAINED_BUILTINS]))
+            raise GspoError(f"{what}: unknown built-in model {path!r}; known: {known}") from None
         return disable_dropout(model.to(DTYPES[dtype])), tokenizer
     local = Path(path).expanduser()
     if path.startswith(("/", ".", "~")) and not local.exists():
@@ -68,6 +71,9 @@ def load_policy(
             dtype=DTYPES[dtype],
             trust_remote_code=trust_remote_code,
             local_files_only=no_hub is not None,
+            # with peft installed, transformers looks for an adapter_config.json on the hub
+            # without passing local_files_only on: five retries per file when it is unreachable
+            adapter_kwargs={"local_files_only": no_hub is not None},
         )
     except SafetensorError as exc:  # a truncated or damaged weights file
         raise GspoError(f"{what}: the weights in {path} are damaged or truncated ({exc})") from None
@@ -80,6 +86,17 @@ def load_policy(
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return disable_dropout(model), tokenizer
+
+
+def hf_path(path: str, *, what: str = "model.path") -> str:
+    """`path` with a GGUF (a `.gguf` file, or a pretrained built-in shipped as one) replaced by
+    its converted HF folder; other paths unchanged."""
+    name = path.removeprefix(BUILTIN_MODEL_PREFIX)
+    if path.startswith(BUILTIN_MODEL_PREFIX) and name in PRETRAINED_BUILTINS:
+        return str(hf_folder_of(wheel_gguf(name), what=what))
+    if path.endswith(GGUF_SUFFIX):
+        return str(hf_folder_of(Path(path).expanduser(), what=what))
+    return path
 
 
 def hub_unavailable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> str | None:

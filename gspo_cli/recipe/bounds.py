@@ -51,8 +51,8 @@ class ModelShape(NamedTuple):
     vocab: int | None
 
 
-# The built-in models' configs (gspo_cli/models/builtin.py), read here without building them;
-# a test compares each entry with the model that the registry builds.
+# The built-in models' configs (gspo_cli/models/builtin.py and gguf.py), read here without
+# building them; a test compares each entry with the model that is built or converted.
 BUILTIN_SHAPES = {
     "tiny-dense": ModelShape(
         positions=8192, layers=4, hidden=128, kv_heads=2, head_dim=32, vocab=102
@@ -62,6 +62,9 @@ BUILTIN_SHAPES = {
     ),
     "tiny-moe-deep": ModelShape(
         positions=8192, layers=8, hidden=128, kv_heads=2, head_dim=32, vocab=102
+    ),
+    "smollm2-135m": ModelShape(  # SmolLM2-135M-Instruct (models/gguf.py)
+        positions=8192, layers=30, hidden=576, kv_heads=3, head_dim=64, vocab=49152
     ),
 }
 

@@ -16,7 +16,9 @@ class ModelConfig(Section):
     path: str = Field(
         "builtin:tiny-dense",
         description="HF checkpoint folder (a bare name is the folder next to the recipe when "
-        "one exists) or hub id, or builtin:tiny-dense / builtin:tiny-moe.",
+        "one exists), hub id, .gguf file (converted once to an HF folder in the cache), or a "
+        "built-in model: builtin:tiny-dense / builtin:tiny-moe / builtin:tiny-moe-deep (tiny, "
+        "randomly initialised) or builtin:smollm2-135m (SmolLM2-135M-Instruct, pretrained).",
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training dtype.")
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
@@ -29,6 +31,8 @@ class ModelConfig(Section):
     def _hf_folder(cls, path: str) -> str:
         """A local model folder must be an HF checkpoint: loading it fails otherwise, late."""
         local = Path(path).expanduser()
+        if local.is_file() and local.suffix == ".gguf":
+            return path  # models.gguf converts it (and reports a damaged file) when loading
         if looks_local(path) and local.exists() and not (local / HF_CONFIG).is_file():
             kind = "folder" if local.is_dir() else "file"
             raise ValueError(f"{path} is a {kind} without config.json, not an HF checkpoint")

@@ -19,6 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gspo_cli.data.problems import Problem
 from gspo_cli.engines import ROLLOUT_ENGINES, TRAIN_ENGINES
 from gspo_cli.models import load_policy
+from gspo_cli.models.loading import hf_path
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.math_verifier import MathVerifierPool
@@ -130,6 +131,7 @@ def prepare_run(
     if TRAIN_ENGINES.get(recipe.trainer.engine).several_processes:
         init_process_group(ctx, device)
     console = (console or Console()) if ctx.is_main else Console(quiet=True)
+    hf_path(recipe.model.path)  # a GGUF is converted (or refused) before the run folder exists
     changes = _open_run_dir(run_dir, resume, recipe_yaml, ctx)
     console.print(f"run folder: {run_dir}", highlight=False)  # first, so a user can look in
     for line in changes:

