@@ -3,7 +3,7 @@
 - zero-advantage skipping, length bucketing and each distinct prompt run once: the training
   part of a step (pi_old forward and the minibatch updates) on one fixed rollout whose share
   of no-signal groups is set;
-- batched seeded sampling (per-row Gumbel noise) against one `generate` per prompt (the former
+- batched seeded sampling (per-row exact draws) against one `generate` per prompt (the former
   seeded path) and against unseeded batched sampling;
 - the MoE volatility probe: a MoE step with and without it (`StepSettings.measure_volatility`);
 - the maths verifier: 2 pool workers with chunked tasks, against one task per answer (the
@@ -162,7 +162,7 @@ def sampling(rounds: int, console: Console) -> None:
 
     variants: dict[str, Callable[[], Any]] = {
         "batched, unseeded": lambda: engine.generate(prompts, params),
-        "batched, seeded per row (Gumbel)": lambda: engine.generate(prompts, params, seeds),
+        "batched, seeded per row (exact draw)": lambda: engine.generate(prompts, params, seeds),
         "one generate per prompt, seeded": per_prompt,
     }
     seconds: dict[str, list[float]] = defaultdict(list)

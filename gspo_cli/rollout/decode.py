@@ -4,7 +4,7 @@
 responses far under the cap, a few at it), so most of its late steps are spent on rows that
 are already done. Here a row leaves the batch, and its KV cache, at its end-of-turn token; the
 tokens come out as `generate` would give them (the same processors, a greedy pick after them,
-padding after end-of-turn). Sampling is the processors' job (Gumbel noise, rollout/seeded.py).
+padding after end-of-turn). Sampling is the processors' job (rollout/seeded.py).
 A group's samples share their prompt: each distinct prompt is prefilled once and its cache
 entries copied to its rows.
 

@@ -27,7 +27,7 @@ from gspo_cli.models.forward.capabilities import ModelCapabilities, capabilities
 from gspo_cli.models.routing import ExpertRouting, Recording, RoutingError
 from gspo_cli.rollout.base import RolloutBatch, SamplingParams
 from gspo_cli.rollout.decode import decode_dropping_finished
-from gspo_cli.rollout.seeded import GumbelMaxSampling, row_seeds
+from gspo_cli.rollout.seeded import ExactSampling, row_seeds
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ class HFGenerateEngine:
         seeds: list[int] | None,
     ) -> LogitsProcessorList:
         """Our own list, in order: record raw log-probs first, then temperature, top-k, top-p,
-        then Gumbel noise for a greedy pick where `_gumbel_sampling` says so; the caller's
+        then our exact draw for a greedy pick where `_exact_sampling` says so; the caller's
         `extra_processors` last."""
         processors = LogitsProcessorList([recorder] if recorder is not None else [])
         if params.temperature > 0:
@@ -191,8 +191,8 @@ class HFGenerateEngine:
                 processors.append(TopKLogitsWarper(params.top_k))
             if params.top_p < 1.0:
                 processors.append(TopPLogitsWarper(params.top_p))
-            if self._gumbel_sampling(params, seeds):
-                processors.append(GumbelMaxSampling(seeds, self._device))
+            if self._exact_sampling(params, seeds):
+                processors.append(ExactSampling(seeds))
         processors.extend(self.extra_processors)
         return processors
 
@@ -200,9 +200,10 @@ class HFGenerateEngine:
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _gumbel_sampling(self, params: SamplingParams, seeds: list[int] | None) -> bool:
-        """Sample by Gumbel noise and a greedy pick: always when seeded (per-row noise), and on
-        CPU without seeds too (faster than softmax + multinomial); on GPUs `generate` samples."""
+    def _exact_sampling(self, params: SamplingParams, seeds: list[int] | None) -> bool:
+        """Sample by our own draw and a greedy pick (seeded.py): always when seeded (per-row
+        draws), and on CPU without seeds too (faster than softmax + multinomial); on GPUs
+        `generate` samples."""
         return params.temperature > 0 and (seeds is not None or self._device.type == "cpu")
 
     def _generate_chunk(
@@ -249,13 +250,13 @@ class HFGenerateEngine:
         seeds: list[int] | None,
         drop_finished: bool = True,
     ) -> torch.Tensor:
-        """`[n, P + T]` prompts and sampled tokens, greedy over Gumbel-perturbed scores where
-        `_gumbel_sampling` (the noise is the sampling): from the loop that drops finished rows
+        """`[n, P + T]` prompts and sampled tokens, greedy over the drawn scores where
+        `_exact_sampling` (the draw is the sampling): from the loop that drops finished rows
         where it can (one process per forward: not under ZeRO-3's synced forwards), else from
         `generate`."""
         device = self._device
         eos_id, pad_id = int(self.tokenizer.eos_token_id), int(self.tokenizer.pad_token_id)
-        do_sample = params.temperature > 0 and not self._gumbel_sampling(params, seeds)
+        do_sample = params.temperature > 0 and not self._exact_sampling(params, seeds)
         processors = self._processors(params, recorder, seeds)
         loop = drop_finished and not do_sample and not self.synced_gpus
         if loop and self.capabilities.drops_finished_rows:
