@@ -77,7 +77,7 @@ def quickstart() -> tuple[Recipe, Any, Any, list[list[int]], list[dict[str, Any]
     folder = tempfile.mkdtemp(prefix="engine-logprobs-")
     model, tokenizer = load_policy(quickstart_workload.cold_start(folder))
     rows = load_rows(recipe.data.source, "train", recipe.data)
-    prompts = [render_prompt(tokenizer, r["prompt"], recipe.data.prompt_template) for r in rows]
+    prompts = [render_prompt(tokenizer, r["prompt"], recipe.data) for r in rows]
     pool = MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s)
     reward = RewardModel(recipe.reward, RewardServices(math_pool=pool))
     return recipe, model.float().train(), tokenizer, prompts, rows, reward

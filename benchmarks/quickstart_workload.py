@@ -48,7 +48,7 @@ def prompts(tokenizer: Any, count: int) -> list[tuple[str, str]]:
 
     data = load_recipe(RECIPE).data
     rows = load_rows(data.source, "train", data)
-    rendered = [render_prompt(tokenizer, row["prompt"], data.prompt_template) for row in rows]
+    rendered = [render_prompt(tokenizer, row["prompt"], data) for row in rows]
     width = Counter(len(ids) for ids in rendered).most_common(1)[0][0]
     chosen = [(ids, row) for ids, row in zip(rendered, rows, strict=True) if len(ids) == width]
     chosen = chosen[:count]

@@ -38,7 +38,7 @@ def measure(model_path: str, algorithm: str, steps: int, device: str) -> dict[st
     model, tokenizer = load_policy(model_path)
     model.to(device).train()
     rows = load_rows(recipe.data.source, "train", recipe.data)
-    prompts = [render_prompt(tokenizer, r["prompt"], recipe.data.prompt_template) for r in rows]
+    prompts = [render_prompt(tokenizer, r["prompt"], recipe.data) for r in rows]
     r = recipe.rollout
     settings = StepSettings(
         algorithm=recipe.algorithm,

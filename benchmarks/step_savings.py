@@ -73,7 +73,7 @@ class NoSignalShare:
 def _prompts(tokenizer: Any) -> list[list[int]]:
     recipe = Recipe.model_validate({})
     rows = load_rows(recipe.data.source, "train", recipe.data)[:PROMPTS]
-    return [render_prompt(tokenizer, r["prompt"], recipe.data.prompt_template) for r in rows]
+    return [render_prompt(tokenizer, r["prompt"], recipe.data) for r in rows]
 
 
 def _timed(run: Callable[[], Any]) -> float:

@@ -136,8 +136,8 @@ def sft(recipe: RecipeArg, set_: SetOpt = None, out: OutOpt = None) -> None:
 EvalRecipeOpt = Annotated[
     Path | None,
     typer.Option(
-        help="Take defaults from this recipe's eval section; `custom` problems get its "
-        "data.prompt_template, as in training."
+        help="Take defaults from this recipe's eval section and its data.chat_template(_kwargs); "
+        "`custom` problems get its data.prompt_template and system_prompt, as in training."
     ),
 ]
 PromptTemplateOpt = Annotated[
@@ -251,6 +251,10 @@ def _eval_settings(
         verifier_timeout_s=verifier.timeout_s,
         engine=engine or resolved.rollout.engine,
         prompt_template=_eval_template(template_flag, recipe_file, resolved, merged["benchmark"]),
+        # the model's own task gets the recipe's system prompt too, as its template
+        system_prompt=resolved.data.system_prompt if _own_task(recipe_file, merged) else None,
+        chat_template=resolved.data.chat_template,
+        chat_template_kwargs=resolved.data.chat_template_kwargs,
     )
     try:  # the same range and file checks as a recipe's eval section
         EvalConfig.model_validate({k: merged[k] for k in EvalConfig.model_fields})
@@ -306,9 +310,14 @@ def _eval_template(
             return check_template(flag)
         except ValueError as exc:
             raise GspoError(f"--prompt-template: {exc}") from None
-    if recipe_file is not None and benchmark == "custom":
+    if _own_task(recipe_file, {"benchmark": benchmark}):
         return recipe.data.prompt_template
     return None
+
+
+def _own_task(recipe_file: Path | None, merged: dict[str, Any]) -> bool:
+    """`custom` data evaluated with --recipe: the model's own task, asked as in training."""
+    return recipe_file is not None and merged["benchmark"] == "custom"
 
 
 def _writer(run_dir: Path, command: str) -> AbstractContextManager[None]:

@@ -64,7 +64,7 @@ class FixedRolloutEngine:
 
 def prompt_key(tokenizer: PreTrainedTokenizerBase, problem: Problem) -> PromptKey:
     """The token ids `gspo eval` sends to the engine for this problem."""
-    return tuple(render_prompt(tokenizer, build_prompt(problem), "{prompt}"))
+    return tuple(render_prompt(tokenizer, build_prompt(problem)))
 
 
 def fixed_engine(

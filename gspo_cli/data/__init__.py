@@ -1,4 +1,5 @@
-"""Data: problems and benchmarks, file and hub readers, test cases, built-in tasks, prompts.
+"""Data: problems and benchmarks, file and hub readers, row formats, test cases, built-in tasks,
+prompts.
 
 Imports no torch and nothing of `eval/` or `train/` (a test checks this).
 """

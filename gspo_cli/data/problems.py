@@ -26,7 +26,9 @@ class Problem:
     Maths problems have `answer` (the gold answer text, normalised per benchmark); code problems
     have `tests` (parsed test cases) and, for call-based problems, `starter_code`. The optional
     fields are filled when the data has them; everything else a row carries that may matter
-    (solution, subject, time limit, source file) goes to `metadata`.
+    (solution, subject, time limit, source file) goes to `metadata`. `messages` is set when
+    the problem is a conversation ({role, content} turns, asked as they are); `question` is
+    then the text of its last user turn.
     """
 
     id: str
@@ -41,6 +43,7 @@ class Problem:
     rating: int | None = None
     platform: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    messages: tuple[dict[str, Any], ...] | None = None
 
 
 RowParser = Callable[[Mapping[str, Any], int, str], Problem]

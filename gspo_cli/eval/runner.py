@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gspo_cli.data import render_prompt
 from gspo_cli.data.benchmarks import build_prompt, load_benchmark
 from gspo_cli.data.problems import Problem
+from gspo_cli.data.prompts import PLAIN, PromptFormat, PromptSettings
 from gspo_cli.errors import GspoError
 from gspo_cli.eval.checkpoints import resolve_checkpoint
 from gspo_cli.eval.codeelo import load_standings_cache
@@ -68,6 +69,30 @@ class EvalSettings:
     # Wraps each bare question ({prompt}) in place of the benchmark's instruction: a model's
     # own task asks in its training recipe's words (data.prompt_template). None: the benchmark's.
     prompt_template: str | None = None
+    # The recipe's data.system_prompt (for its own task, as the template), data.chat_template and
+    # data.chat_template_kwargs: how the model is talked to (data/prompts.py).
+    system_prompt: str | None = None
+    chat_template: str = "auto"
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt_format(self) -> PromptSettings:
+        """The chat side of the prompts; `prompt_builder` writes the question."""
+        return PromptFormat(
+            system_prompt=self.system_prompt,
+            chat_template=self.chat_template,
+            chat_template_kwargs=self.chat_template_kwargs,
+        )
+
+
+# Settings added after evaluations were first recorded: left out of settings.json at these
+# values, so that those evaluations still resume.
+LATER_SETTINGS: dict[str, Any] = {
+    "prompt_template": None,
+    "system_prompt": None,
+    "chat_template": "auto",
+    "chat_template_kwargs": {},
+}
 
 
 def run_eval(
@@ -144,6 +169,7 @@ def _sample_and_judge(
                     settings.seed,
                     math_pool=pool,
                     prompt_for=prompt_builder(settings.prompt_template),
+                    prompt_format=settings.prompt_format,
                     on_done=finished,
                     skip=set(done),
                 )
@@ -176,10 +202,14 @@ def generate_and_judge(
     *,
     math_pool: MathVerifierPool,
     prompt_for: Callable[[Problem], str] = build_prompt,
+    prompt_format: PromptSettings = PLAIN,
     on_done: Callable[[dict[str, Any]], None] | None = None,
     skip: set[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Sample `params.num_samples` responses per problem and judge them, in bounded batches.
+
+    Each prompt is `prompt_for(problem)` (a conversation: its `messages`), rendered with
+    `prompt_format` (data/prompts.py).
 
     The one code path for `gspo eval` and for periodic evaluation during training. Batches are
     fixed slices of the full problem list, each sampled on a forked RNG seeded by its position:
@@ -193,9 +223,16 @@ def generate_and_judge(
         batch = problems[start : start + per_batch]
         if all(p.id in skip for p in batch):
             continue
-        records_of_batch = _evaluate_batch(
-            engine, tokenizer, batch, params, seed + start, prompt_for, math_pool
-        )
+        prompts = [
+            render_prompt(
+                tokenizer,
+                list(p.messages) if p.messages is not None else prompt_for(p),
+                prompt_format,
+                f"{p.benchmark}: problem {p.id}",
+            )
+            for p in batch
+        ]
+        records_of_batch = _evaluate_batch(engine, batch, prompts, params, seed + start, math_pool)
         for record in records_of_batch:
             if record["id"] in skip:
                 continue
@@ -207,14 +244,12 @@ def generate_and_judge(
 
 def _evaluate_batch(
     engine: RolloutEngine,
-    tokenizer: Any,
     batch: list[Problem],
+    prompts: list[list[int]],
     params: SamplingParams,
     seed: int,
-    prompt_for: Callable[[Problem], str],
     math_pool: MathVerifierPool,
 ) -> list[dict[str, Any]]:
-    prompts = [render_prompt(tokenizer, prompt_for(p), "{prompt}") for p in batch]
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         rollout = engine.generate(prompts, params)
@@ -244,9 +279,11 @@ def _prepare_out(out: Path, settings: EvalSettings, resume: bool) -> dict[str, d
     A folder with settings but no finished problem (a failed start) is not an evaluation yet:
     it never blocks a rerun."""
     settings_file = out / SETTINGS
-    recorded = asdict(settings)
-    if settings.prompt_template is None:  # as before the option existed: those still resume
-        del recorded["prompt_template"]
+    recorded = {
+        key: value
+        for key, value in asdict(settings).items()
+        if key not in LATER_SETTINGS or value != LATER_SETTINGS[key]
+    }
     wanted = json.dumps(recorded, indent=2, sort_keys=True)
     started = bool(read_jsonl(out / SAMPLES)) or (out / RESULTS).is_file()
     if started and settings_file.is_file():
@@ -283,7 +320,11 @@ def _results(
             "max_new_tokens": settings.max_new_tokens,
         },
         "seed": settings.seed,
-        **({"prompt_template": settings.prompt_template} if settings.prompt_template else {}),
+        **{
+            key: getattr(settings, key)
+            for key, default in LATER_SETTINGS.items()
+            if getattr(settings, key) != default
+        },
         "interval": "95% percentile bootstrap over problems (1000 resamples)",
         "metrics": metrics,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

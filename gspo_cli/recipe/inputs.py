@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 from string import Formatter
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from gspo_cli.data.prompts import DEFAULT_TEMPLATE, check_template_kwargs
 from gspo_cli.recipe.section import Section, check_exists, looks_local
 from gspo_cli.run_folder import HF_CONFIG
 
@@ -94,12 +95,37 @@ class DataConfig(Section):
         "for a source without splits (a local file, benchmark:), rows carved out of training.",
     )
     eval_split: str = Field("test", description="Split of eval_source used for held-out accuracy.")
-    prompt_column: str = Field("prompt", description="Column holding the question.")
-    answer_column: str = Field("answer", description="Column holding the reference answer.")
+    prompt_column: str = Field(
+        "prompt",
+        description="Column holding the question: text, or {role, content} messages (TRL's "
+        "conversational format); a conversation ending with the assistant's turn (messages) is "
+        "split into the prompt and the cold-start target.",
+    )
+    answer_column: str = Field(
+        "answer",
+        description="Column holding the reference answer; rows with a null answer (and no "
+        "tests) are dropped and counted; numbers become text.",
+    )
     prompt_template: str = Field(
-        "{prompt}\nPut the final answer in \\boxed{{}}.",
-        description="Format string applied to each question before the chat template: {prompt} "
-        "is the question, the only field; literal braces are doubled ({{ }}).",
+        DEFAULT_TEMPLATE,
+        description="Format string applied to each plain question before the chat template: "
+        "{prompt} is the question, the only field; literal braces are doubled ({{ }}). The "
+        "default is not applied to message prompts; any other goes into their last user turn.",
+    )
+    system_prompt: str | None = Field(
+        None,
+        description="A system turn put first in every prompt that has no system turn of its "
+        "own; None: none.",
+    )
+    chat_template: Literal["auto", "none"] = Field(
+        "auto",
+        description="auto: the tokenizer's chat template (an error when it has none); none: "
+        "raw text (prompt_template applied), for base models without one.",
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra variables for the chat template wherever prompts are rendered, e.g. "
+        "{enable_thinking: false} for Qwen3.",
     )
     max_prompt_tokens: int = Field(256, ge=8, description="Longer prompts are dropped.")
     arithmetic: ArithmeticTaskConfig = Field(
@@ -117,3 +143,14 @@ class DataConfig(Section):
 
     _paths_exist = field_validator("source", "eval_source")(check_exists)
     _template = field_validator("prompt_template")(check_template)
+    _template_kwargs = field_validator("chat_template_kwargs")(check_template_kwargs)
+
+    @model_validator(mode="after")
+    def _raw_text_has_no_turns(self) -> DataConfig:
+        # Raw text has no turns to put a system prompt in, nor a template to read variables:
+        # refused rather than accepted and ignored.
+        if self.chat_template == "none" and self.system_prompt is not None:
+            raise ValueError("system_prompt needs a chat template; chat_template is none")
+        if self.chat_template == "none" and self.chat_template_kwargs:
+            raise ValueError("chat_template_kwargs need a chat template; chat_template is none")
+        return self

@@ -34,6 +34,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from gspo_cli.rewards.code.judge import JudgePool
+from gspo_cli.rewards.contract import declares_structured_answers
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rewards.registry import REWARDS, RewardFn
 
@@ -57,6 +58,7 @@ COMPLETIONS, PROMPTS, COMPLETION_IDS, PROMPT_COLUMN = (
     "prompt",
 )
 BATCH_INPUTS = (COMPLETIONS, PROMPTS, COMPLETION_IDS)
+ANSWER_COLUMN = "answer"  # data.answer_column, renamed
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,19 @@ def _completions_parameter(name: str, inputs: list[inspect.Parameter]) -> str:
             "name it `completions` (TRL style) or make it the first"
         )
     return first.name
+
+
+def text_answer_readers(names: Sequence[str]) -> list[str]:
+    """The rewards of `names` that read the `answer` column (by name, or by `**kwargs`) and do
+    not declare that they take answers other than text."""
+    readers = []
+    for name in names:
+        fn = resolve_reward(name)
+        signature = reward_signature(name, fn)
+        reads = ANSWER_COLUMN in signature.columns or signature.var_keyword
+        if reads and not declares_structured_answers(fn):
+            readers.append(name)
+    return readers
 
 
 def check_options(name: str, fn: Callable[..., Any], options: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,10 @@ A call on N completions returns N scores: a list (or tuple, or a 1-d array) of f
 (float, int or bool). `None` is a score only where the recipe says what it means (`none_as`: a
 number, or `skip`: the function does not score that completion). Anything else is a
 `RewardFailure` whose message names the problem and the first bad index, never a traceback.
+
+What a call is given: answers as text, unless the function declares that it takes others (a
+list, a dict) with `takes_structured_answers` (or sets that attribute to True itself); data
+with such answers is refused for a reward that reads `answer` without the declaration.
 """
 
 from __future__ import annotations
@@ -12,10 +16,24 @@ import math
 import numbers
 import traceback
 import typing
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 NoneAs = float | Literal["skip"] | None  # recipe: reward.functions[].none_as
 MAX_MESSAGE = 200  # characters of an exception's message kept in the one-line error
+STRUCTURED_ANSWERS = "takes_structured_answers"  # the attribute that declares it
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def takes_structured_answers(fn: F) -> F:
+    """Decorator: `fn` reads answers that are not text (lists, dicts) and copes with them."""
+    setattr(fn, STRUCTURED_ANSWERS, True)
+    return fn
+
+
+def declares_structured_answers(fn: Callable[..., Any]) -> bool:
+    return getattr(fn, STRUCTURED_ANSWERS, False) is True
 
 
 class RewardFailure(Exception):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gspo_cli.data.problems import Problem
+from gspo_cli.data.prompts import PromptSettings
 from gspo_cli.data.testcases import parse_tests
 from gspo_cli.eval.runner import generate_and_judge
 from gspo_cli.eval.summary import summarize
@@ -12,19 +13,27 @@ from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout.base import RolloutEngine, SamplingParams
 
 
-def rows_as_problems(rows: list[dict[str, Any]], template: str) -> list[Problem]:
-    """Held-out rows as eval Problems: code when the row carries tests, maths otherwise."""
-    return [
-        Problem(
-            id=str(row.get("id", i)),
-            benchmark="heldout",
-            kind="code" if row.get("tests") is not None else "math",
-            question=template.format(prompt=row["prompt"]),
-            answer=None if row.get("answer") is None else str(row["answer"]),
-            tests=None if row.get("tests") is None else tuple(parse_tests(row["tests"])),
+def rows_as_problems(rows: list[dict[str, Any]]) -> list[Problem]:
+    """Held-out rows as eval Problems: code when the row carries tests, maths otherwise. The
+    question is the row's prompt as it is (a conversation: its turns, in `messages`), rendered
+    at evaluation exactly as training renders it (`heldout_accuracy`'s `prompt_format`)."""
+    problems = []
+    for i, row in enumerate(rows):
+        prompt = row["prompt"]
+        turns = None if isinstance(prompt, str) else tuple(prompt)
+        users = [t["content"] for t in turns or () if t["role"] == "user"]
+        problems.append(
+            Problem(
+                id=str(row.get("id", i)),
+                benchmark="heldout",
+                kind="code" if row.get("tests") is not None else "math",
+                question=prompt if turns is None else (users or [""])[-1],
+                answer=None if row.get("answer") is None else str(row["answer"]),
+                tests=None if row.get("tests") is None else tuple(parse_tests(row["tests"])),
+                messages=turns,
+            )
         )
-        for i, row in enumerate(rows)
-    ]
+    return problems
 
 
 def heldout_accuracy(
@@ -34,6 +43,7 @@ def heldout_accuracy(
     params: SamplingParams,
     seed: int,
     math_pool: MathVerifierPool,
+    prompt_format: PromptSettings,
 ) -> dict[str, float]:
     """avg@k accuracy, share of problems solved at least once (pass@k), response statistics."""
     records = generate_and_judge(
@@ -44,6 +54,7 @@ def heldout_accuracy(
         seed,
         math_pool=math_pool,
         prompt_for=lambda p: p.question,
+        prompt_format=prompt_format,
     )
     k = params.num_samples
     metrics = summarize(records, k, problems[0].kind, seed)

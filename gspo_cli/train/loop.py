@@ -39,13 +39,7 @@ from gspo_cli.train.engine import UpdateFailed
 from gspo_cli.train.guard import Decision, Guard, resume_advice, rollback_target
 from gspo_cli.train.heldout import heldout_accuracy
 from gspo_cli.train.prepare import PreparedRun, prepare_run
-from gspo_cli.train.problem_sets import (
-    Problems,
-    eval_params,
-    heldout_note,
-    heldout_problems,
-    load_problems,
-)
+from gspo_cli.train.problem_sets import Problems, eval_format, eval_params, run_problems
 from gspo_cli.train.reference import refresh
 from gspo_cli.train.run_dir import prepare_run_dir
 from gspo_cli.train.run_log import RunLog
@@ -95,6 +89,7 @@ def _evaluate(run: PreparedRun, step: int) -> float:
         params,
         run.recipe.trainer.seed + 7,
         run.math_pool,
+        eval_format(run.recipe),
     )
     run.log.evaluation(step, values)
     if step > 0:  # step 0 is reported as "before RL"
@@ -282,7 +277,7 @@ def _log_samples(
             SAMPLES,
             {
                 "step": step,
-                "prompt": str(row["prompt"]),
+                "prompt": row["prompt"],  # text, or a conversation's turns
                 "answer": str(row.get("answer")),
                 "completion": output.rollout.texts[i],
                 "reward": output.rewards[i],
@@ -325,21 +320,21 @@ def run_sft_only(
     prepare_run_dir(run_dir, False, recipe_yaml)
     device = resolve_device(recipe.trainer.device)
     model, tokenizer = load_recipe_model(recipe)
-    train_set = load_problems(recipe, tokenizer, "train")
-    eval_problems = heldout_problems(recipe, tokenizer)
-    if (note := heldout_note(recipe, train_set)) is not None:
-        console.print(note, highlight=False, soft_wrap=True)
-    model = run_cold_start(recipe, model.to(device), tokenizer, train_set, run_dir, console).to(
-        device
-    )
+    problems = run_problems(recipe, tokenizer)
+    for line in problems.notes:
+        console.print(line, highlight=False, soft_wrap=True)
+    model = run_cold_start(
+        recipe, model.to(device), tokenizer, problems.train, run_dir, console
+    ).to(device)
     with MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s) as math_pool:
         values = heldout_accuracy(
             HFGenerateEngine(model, tokenizer),
             tokenizer,
-            eval_problems,
+            problems.heldout,
             eval_params(recipe),
             recipe.trainer.seed + 7,
             math_pool,
+            eval_format(recipe),
         )
     RunLog(run_dir).evaluation(0, values)
     console.print(f"held-out accuracy after cold start: {values['accuracy']:.1%}", highlight=False)

@@ -39,7 +39,7 @@ from gspo_cli.train.engine_settings import engine_settings
 from gspo_cli.train.engines import check_processes, make_engine
 from gspo_cli.train.guard import rollback_target
 from gspo_cli.train.old_policy import EngineLogprobs, resolve_engine_logprobs
-from gspo_cli.train.problem_sets import Problems, heldout_note, heldout_problems, load_problems
+from gspo_cli.train.problem_sets import Problems, run_problems
 from gspo_cli.train.reference import reference_state
 from gspo_cli.train.resume import resume_changes, resume_from_checkpoint
 from gspo_cli.train.rewards import RewardModel
@@ -138,10 +138,10 @@ def prepare_run(
         console.print(line, highlight=False, soft_wrap=True)
     torch.manual_seed(recipe.trainer.seed)
     model, tokenizer = load_recipe_model(recipe)
-    train_set = load_problems(recipe, tokenizer, "train")
-    eval_problems = heldout_problems(recipe, tokenizer)
-    if (note := heldout_note(recipe, train_set)) is not None:
-        console.print(note, highlight=False, soft_wrap=True)
+    problems = run_problems(recipe, tokenizer)
+    for line in problems.notes:
+        console.print(line, highlight=False, soft_wrap=True)
+    train_set, eval_problems = problems.train, problems.heldout
     model = _after_cold_start(recipe, model.to(device), tokenizer, train_set, run_dir, ctx, console)
     model.to(device)
     if recipe.model.gradient_checkpointing:

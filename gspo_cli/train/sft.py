@@ -1,6 +1,8 @@
 """Cold start: supervised fine-tuning on worked solutions before RL, as the paper's SFT model.
 
-The loss is the mean cross-entropy over solution tokens (the prompt is context only).
+The loss is the mean cross-entropy over solution tokens (the prompt is context only). A row's
+target is its `solution`: a column, or the final assistant turn of a conversation
+(data/formats.py).
 """
 
 from __future__ import annotations
@@ -12,11 +14,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from gspo_cli.data.formats import SOLUTION_KEY
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe.trainer import ColdStartConfig
 from gspo_cli.train.schedule import lr_lambda
-
-SOLUTION_KEY = "solution"
 
 
 def _encode(
@@ -49,8 +50,12 @@ def cold_start(
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """Fine-tune `model` in place for `cfg.steps` steps; returns the loss of each step."""
-    if any(SOLUTION_KEY not in row for row in rows[:1]):
-        raise GspoError("cold_start: the training data has no 'solution' column to imitate")
+    missing = next((i for i, row in enumerate(rows) if row.get(SOLUTION_KEY) is None), None)
+    if missing is not None:
+        raise GspoError(
+            f"cold_start: training row {missing} has no 'solution' to imitate: give the data a "
+            "'solution' column, or conversations that end with the assistant's turn"
+        )
     examples = [
         _encode(tokenizer, p, str(r[SOLUTION_KEY])) for p, r in zip(prompt_ids, rows, strict=True)
     ]

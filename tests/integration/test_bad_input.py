@@ -213,3 +213,47 @@ def test_a_failed_start_never_blocks_its_rerun(tmp_path: Path, rerun_flags: list
     rerun = invoke_cli("train", str(recipe), "--out", str(out), *rerun_flags)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "held-out: 8 prompts of " in rerun.stdout  # a file has no held-out split: carved
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"chat_template": "none", "system_prompt": "Hi"}, "data: system_prompt needs a chat"),
+        ({"chat_template_kwargs": {"tokenize": True}}, "data.chat_template_kwargs: 'tokenize'"),
+        ({"chat_template": "chatml"}, "data.chat_template: Input should be 'auto' or 'none'"),
+    ],
+)
+def test_validate_catches_bad_chat_settings(
+    tmp_path: Path, data: dict[str, object], expected: str
+) -> None:
+    _one_error_line(invoke_cli("validate", str(_recipe(tmp_path, data=data))), expected)
+
+
+def _conversations(tmp_path: Path, bad_role: str) -> Path:
+    path = tmp_path / "chats.jsonl"
+    rows = [
+        {"messages": [{"role": "user", "content": f"What is {i} + 2?"}], "answer": str(i + 2)}
+        for i in range(40)
+    ]
+    rows[7]["messages"][0]["role"] = bad_role
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_an_unknown_role_stops_training_in_one_line_before_any_step(tmp_path: Path) -> None:
+    data = {"source": str(_conversations(tmp_path, "bot")), "prompt_column": "messages"}
+    out = tmp_path / "run"
+    result = invoke_cli("train", str(_recipe(tmp_path, data=data)), "--out", str(out))
+    _one_error_line(result, "chats.jsonl row 7: turn 0 has role 'bot'; known: system, user")
+    assert sorted(p.name for p in out.iterdir()) == ["recipe.yaml"]  # no step, no checkpoint
+
+
+def test_a_tokenizer_without_a_chat_template_is_one_line(hf_model: Path, tmp_path: Path) -> None:
+    model, tokenizer = load_policy(str(hf_model))
+    tokenizer.chat_template = None
+    folder = tmp_path / "base-model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    recipe = _recipe(tmp_path, model={"path": str(folder)})
+    result = invoke_cli("train", str(recipe), "--out", str(tmp_path / "run"))
+    _one_error_line(result, "the tokenizer has no chat template: set data.chat_template: none")

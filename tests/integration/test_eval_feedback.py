@@ -103,7 +103,7 @@ def _answering(problems: list[Problem]) -> EngineFactory:
 
     def build(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> FixedRolloutEngine:
         asked = {
-            tuple(render_prompt(tokenizer, TEMPLATE.format(prompt=p.question), "{prompt}")): [
+            tuple(render_prompt(tokenizer, TEMPLATE.format(prompt=p.question))): [
                 f"\\boxed{{{p.answer}}}"
             ]
             for p in problems
