@@ -41,10 +41,19 @@ def test_the_wheel_holds_a_tied_chatml_llama(smollm2: tuple[Any, Any]) -> None:
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied
     assert tokenizer.eos_token == tokenizer.pad_token == "<|im_end|>"
     assert getattr(model.config, "quantization_config", None) is None  # a plain fp32 model
-    text = tokenizer.decode(render_prompt(tokenizer, "What is 3 + 4?", "{prompt}"))
+    text = tokenizer.decode(render_prompt(tokenizer, "What is 3 + 4?"))
     # ChatML with SmolLM's default system turn, ending in an open assistant turn
     assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
     assert text.endswith("<|im_start|>user\nWhat is 3 + 4?<|im_end|>\n<|im_start|>assistant\n")
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+    ]  # TRL's conversational prompt: its own system turn replaces SmolLM's default
+    text = tokenizer.decode(render_prompt(tokenizer, conversation))
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
 
 
 def test_a_gguf_path_loads_through_the_same_cached_folder(tmp_path: Path) -> None:
@@ -59,7 +68,7 @@ def test_a_gguf_path_loads_through_the_same_cached_folder(tmp_path: Path) -> Non
 
 def test_responses_stop_at_im_end(smollm2: tuple[Any, Any]) -> None:
     model, tokenizer = smollm2
-    prompts = [render_prompt(tokenizer, q, "{prompt}") for q in QUESTIONS]
+    prompts = [render_prompt(tokenizer, q) for q in QUESTIONS]
     params = SamplingParams(temperature=0.0, max_new_tokens=48, num_samples=1)
     batch = HFGenerateEngine(model, tokenizer).generate(prompts, params)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -80,7 +89,7 @@ def test_the_trainer_scores_the_rollout_as_it_was_sampled(
     (single tokens differ by up to ~3e-5: a cached decoding step and a full forward round
     differently)."""
     model, tokenizer = smollm2
-    prompts = [render_prompt(tokenizer, q, "{prompt}") for q in QUESTIONS[:2]]
+    prompts = [render_prompt(tokenizer, q) for q in QUESTIONS[:2]]
     params = SamplingParams(temperature, max_new_tokens=24, num_samples=3, logprobs=True)
     for dtype, token_bound, sequence_bound in (
         (torch.float64, 1e-10, 1e-10),
@@ -112,7 +121,7 @@ def test_the_shared_head_gives_the_models_own_gradient_on_a_tied_llama(
     model, tokenizer = smollm2
     model64 = model.to(torch.float64).train()
     try:
-        prompts = [render_prompt(tokenizer, q, "{prompt}") for q in QUESTIONS[:2]]
+        prompts = [render_prompt(tokenizer, q) for q in QUESTIONS[:2]]
         params = SamplingParams(1.0, max_new_tokens=8, num_samples=2)
         torch.manual_seed(4)
         batch = build_train_batch(
