@@ -1,0 +1,86 @@
+"""LoRA in a training run (`model.lora`; the peft side is models/lora.py): each engine adds the
+adapters to the model it wraps and trains only them, the KL reference is that same model with
+them switched off (reference.BaseReference), and checkpoints hold the adapters and name the
+base model.
+
+The base model is the policy RL starts from: the cold-start result when the cold start is on
+(saved in the run folder anyway), else the recipe's model. A hub id or a local folder is named
+as it is (not copied). A built-in model is created from a seed, so a LoRA run on one saves it
+once in the run folder (`base/`, an HF checkpoint of a few MB): evaluation and export load the
+exact weights that were trained on, whatever another torch version would initialise.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX
+from gspo_cli.models.lora import Adapters, model_skeleton, target_problem
+from gspo_cli.recipe.bounds import model_config_file
+from gspo_cli.recipe.inputs import LoraConfig
+from gspo_cli.recipe.schema import Recipe
+from gspo_cli.run_folder import COLD_START, HF_CONFIG, LORA_BASE
+from gspo_cli.train.cold_start import save_hf_folder
+from gspo_cli.train.distributed import DistContext
+
+
+def add_adapters(model: PreTrainedModel, cfg: LoraConfig) -> Adapters | None:
+    """`model` frozen with fresh adapters of `cfg`, or None when LoRA is off (r 0)."""
+    if cfg.r == 0:
+        return None
+    return Adapters.add(
+        model, r=cfg.r, alpha=cfg.alpha, dropout=cfg.dropout, targets=cfg.target_modules
+    )
+
+
+def early_target_problem(recipe: Recipe) -> str | None:
+    """A `model.lora.target_modules` name the model lacks, found before anything is loaded or
+    written: when the model's modules are known without the hub or its weights (built on the
+    meta device from a built-in's or a config.json's description; not with remote code, which
+    would run here). The engine checks the loaded model again."""
+    lora, path = recipe.model.lora, recipe.model.path
+    if not lora.r or isinstance(lora.target_modules, str) or recipe.model.trust_remote_code:
+        return None
+    file = None if path.startswith(BUILTIN_MODEL_PREFIX) else model_config_file(path)
+    skeleton = model_skeleton(path, file.parent if file is not None else None)
+    return None if skeleton is None else target_problem(skeleton, lora.target_modules, path)
+
+
+def base_name(recipe: Recipe, run_dir: Path) -> str:
+    """What a LoRA run's checkpoints name as their base model (`base_model_name_or_path`)."""
+    if recipe.cold_start.enabled:
+        return str((run_dir / COLD_START).resolve())
+    if recipe.model.path.startswith(BUILTIN_MODEL_PREFIX):
+        return str((run_dir / LORA_BASE).resolve())
+    local = Path(recipe.model.path).expanduser()
+    return str(local.resolve()) if local.is_dir() else recipe.model.path
+
+
+def save_builtin_base(
+    recipe: Recipe,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    run_dir: Path,
+    ctx: DistContext,
+) -> None:
+    """A LoRA run on a built-in model without cold start: save the base once (rank 0), before
+    the adapters go in."""
+    builtin = recipe.model.path.startswith(BUILTIN_MODEL_PREFIX)
+    if not recipe.model.lora.r or recipe.cold_start.enabled or not builtin:
+        return
+    if ctx.is_main and not (run_dir / LORA_BASE / HF_CONFIG).is_file():
+        save_hf_folder(model, tokenizer, run_dir, LORA_BASE, "the LoRA base model")
+    ctx.barrier()
+
+
+def trainable_line(adapters: Adapters, cfg: LoraConfig) -> str:
+    """The line a LoRA run prints at its start: what trains, of how much."""
+    trainable, total = adapters.counts()
+    targets = cfg.target_modules
+    where = targets if isinstance(targets, str) else ", ".join(targets)
+    return (
+        f"lora: r {cfg.r}, alpha {cfg.alpha:g} on {where}: {trainable:,} of {total:,} "
+        f"parameters train ({trainable / total:.2%})"
+    )
