@@ -12,16 +12,19 @@ exact weights that were trained on, whatever another torch version would initial
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import SAFE_WEIGHTS_NAME as WEIGHTS_NAME
 
 from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX
 from gspo_cli.models.lora import Adapters, model_skeleton, target_problem
 from gspo_cli.recipe.bounds import model_config_file
 from gspo_cli.recipe.inputs import LoraConfig
 from gspo_cli.recipe.schema import Recipe
-from gspo_cli.run_folder import COLD_START, HF_CONFIG, LORA_BASE
+from gspo_cli.run_folder import COLD_START, LORA_BASE
 from gspo_cli.train.cold_start import save_hf_folder
 from gspo_cli.train.distributed import DistContext
 
@@ -65,14 +68,29 @@ def save_builtin_base(
     run_dir: Path,
     ctx: DistContext,
 ) -> None:
-    """A LoRA run on a built-in model without cold start: save the base once (rank 0), before
-    the adapters go in."""
+    """A LoRA run on a built-in model without cold start: save the base (rank 0), before the
+    adapters go in. A base saved by an earlier start is kept when it holds these weights (a
+    resume), else replaced (a rerun with another seed after a failed start)."""
     builtin = recipe.model.path.startswith(BUILTIN_MODEL_PREFIX)
     if not recipe.model.lora.r or recipe.cold_start.enabled or not builtin:
         return
-    if ctx.is_main and not (run_dir / LORA_BASE / HF_CONFIG).is_file():
+    folder = run_dir / LORA_BASE
+    if ctx.is_main and not _holds(folder, model):
+        shutil.rmtree(folder, ignore_errors=True)
         save_hf_folder(model, tokenizer, run_dir, LORA_BASE, "the LoRA base model")
     ctx.barrier()
+
+
+def _holds(folder: Path, model: PreTrainedModel) -> bool:
+    """Whether the HF checkpoint `folder` holds exactly `model`'s weights."""
+    from safetensors.torch import load_file
+
+    try:
+        saved = load_file(str(folder / WEIGHTS_NAME))
+    except Exception:  # missing or damaged: save it again
+        return False
+    state = model.state_dict()
+    return all(k in state and torch.equal(v, state[k].cpu()) for k, v in saved.items())
 
 
 def trainable_line(adapters: Adapters, cfg: LoraConfig) -> str:

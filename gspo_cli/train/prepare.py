@@ -274,7 +274,7 @@ def _lora_start(
     """A LoRA run's start: its checkpoints name their base, it says what trains, and the KL
     reference (when the penalty is on) is the base: the engine's model with adapters off."""
     adapters.name_base(base_name(recipe, run_dir))
-    console.print(trainable_line(adapters, recipe.model.lora), highlight=False)
+    console.print(trainable_line(adapters, recipe.model.lora), highlight=False, soft_wrap=True)
     return BaseReference(engine, adapters) if recipe.algorithm.kl_coef else None
 
 
