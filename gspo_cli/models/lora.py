@@ -16,6 +16,8 @@ lived in a run folder moved since (the checkpoint's run folder holds it under th
 from __future__ import annotations
 
 import json
+import re
+import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -31,7 +33,8 @@ from gspo_cli.run_folder import ADAPTER_CONFIG, ADAPTER_WEIGHTS, CHECKPOINTS, HF
 ALL_LINEAR = "all-linear"  # peft: every linear layer but the output head
 ADAPTER = "default"  # peft's name of a model's one adapter
 LORA_KEY = ".lora_"  # in the state-dict names of peft's LoRA parameters
-BASE_LAYER = ".base_layer."  # peft's wrapped layer, in state-dict names
+# peft's wrapped layer in names, once or nested (a ParamWrapper per adapted parameter)
+BASE_LAYER = re.compile(r"(\.base_layer)+(?=\.|$)")
 
 
 def linear_names(model: nn.Module) -> list[str]:
@@ -118,7 +121,11 @@ class Adapters:
             task_type="CAUSAL_LM",
         )
         try:
-            wrapped = peft.get_peft_model(model, config)
+            with warnings.catch_warnings():
+                # peft's own MoE conversion adds patterns for fused experts, then says they
+                # matched nothing: no setting of the recipe's, nothing a user can act on
+                warnings.filterwarnings("ignore", message=".*did not match any targeted module")
+                wrapped = peft.get_peft_model(model, config)
         except ValueError as exc:  # e.g. a target that is no layer peft can adapt
             raise GspoError(f"model.lora: {_first_line(exc)}") from None
         if getattr(model, "is_gradient_checkpointing", False):
@@ -168,8 +175,8 @@ class Adapters:
         """The model's weights with the adapters merged in, by the plain HF names (`W + (alpha
         / r) B A`, from each layer's peft `get_delta_weight`), computed aside: the model
         itself is not touched (merging in place and back would round its base weights)."""
-        deltas = {
-            f"{name}.weight": module
+        deltas = {  # a LoRA layer adapts its base layer's weight, a ParamWrapper any parameter
+            f"{_unwrapped(name)}.{getattr(module, 'parameter_name', 'weight')}": module
             for name, module in self.model.named_modules()
             if hasattr(module, "get_delta_weight") and ADAPTER in getattr(module, "lora_A", {})
         }
@@ -177,7 +184,7 @@ class Adapters:
             for key, tensor in self.model.state_dict().items():
                 if LORA_KEY in key:
                     continue
-                name = key.replace(BASE_LAYER, ".")
+                name = _unwrapped(key)
                 if name in deltas:
                     delta = deltas[name].get_delta_weight(ADAPTER)
                     tensor = tensor + delta.to(tensor.dtype)
@@ -220,6 +227,11 @@ def adapter_base(folder: Path) -> str:
         if (moved / HF_CONFIG).is_file():
             return str(moved)
     return base
+
+
+def _unwrapped(name: str) -> str:
+    """A module or parameter name as in the plain HF model: without peft's `base_layer`s."""
+    return BASE_LAYER.sub("", name)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -34,19 +34,21 @@ from tests.rl_helpers import GROUP, PROMPTS, LengthParityReward, tiny_step
 LORA = {"r": 4, "alpha": 8}
 
 
-def _lora_recipe(**lora: Any) -> Recipe:
+def _lora_recipe(replay: str = "off", **lora: Any) -> Recipe:
     return Recipe.model_validate(
         {
             "model": {"lora": {**LORA, **lora}},
-            "algorithm": {"minibatches": 2, "kl_coef": 0.1},
+            "algorithm": {"minibatches": 2, "kl_coef": 0.1, "routing_replay": replay},
             "optimizer": {"lr": 1e-2},
         }
     )
 
 
-def _lora_engine(seed: int = 0, **lora: Any) -> tuple[TorchEngine, Any, Recipe]:
-    model, tokenizer = create_builtin("tiny-dense", seed=seed)
-    recipe = _lora_recipe(**lora)
+def _lora_engine(
+    name: str = "tiny-dense", replay: str = "off", **lora: Any
+) -> tuple[TorchEngine, Any, Recipe]:
+    model, tokenizer = create_builtin(name, seed=0)
+    recipe = _lora_recipe(replay, **lora)
     return TorchEngine(model, engine_settings(recipe), LOCAL), tokenizer, recipe
 
 
@@ -65,10 +67,18 @@ def _batch(engine: TorchEngine, tokenizer: Any) -> TrainBatch:
     return build_train_batch(rollout, int(tokenizer.pad_token_id))
 
 
-def test_a_step_trains_only_the_adapters_against_the_base_as_kl_reference() -> None:
+@pytest.mark.parametrize(
+    "name,replay",
+    # all-linear on MoE: peft adapts the routers' and the experts' parameters too, in
+    # wrappers that routing replay must see through (it raises when it cannot force)
+    [("tiny-dense", "off"), ("tiny-moe", "old_policy")],
+)
+def test_a_step_trains_only_the_adapters_against_the_base_as_kl_reference(
+    name: str, replay: str
+) -> None:
     torch.manual_seed(0)
-    engine, tokenizer, recipe = _lora_engine()
-    frozen_base = copy.deepcopy(create_builtin("tiny-dense", seed=0)[0]).eval()
+    engine, tokenizer, recipe = _lora_engine(name, replay)
+    frozen_base = copy.deepcopy(create_builtin(name, seed=0)[0]).eval()
     assert engine.adapters is not None
     before = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
     trainable = {n for n, p in engine.model.named_parameters() if p.requires_grad}
@@ -93,21 +103,27 @@ def test_a_step_trains_only_the_adapters_against_the_base_as_kl_reference() -> N
     assert not torch.allclose(policy_lp, base_lp)  # the policy is the adapted model
 
 
-def test_merged_weights_equal_merge_and_unload_and_leave_the_model_alone(tmp_path: Path) -> None:
-    """What the vLLM engine syncs and saves: plain HF names, adapters merged in."""
-    engine, _, _ = _lora_engine(target_modules=["q_proj", "down_proj"])
+@pytest.mark.parametrize(
+    "name,targets", [("tiny-dense", ["q_proj", "down_proj"]), ("tiny-moe", "all-linear")]
+)
+def test_merged_weights_equal_merge_and_unload_and_leave_the_model_alone(
+    tmp_path: Path, name: str, targets: Any
+) -> None:
+    """What the vLLM engine syncs and saves: plain HF names, adapters merged in (on MoE, the
+    routers' and experts' parameters too)."""
+    engine, _, _ = _lora_engine(name, target_modules=targets)
     assert engine.adapters is not None
     with torch.no_grad():
-        for name, p in engine.model.named_parameters():
-            if "lora_B" in name:
+        for key, p in engine.model.named_parameters():
+            if "lora_B" in key:
                 p.normal_(0, 0.1)
     state = {k: v.clone() for k, v in engine.model.state_dict().items()}
     merged = dict(engine.full_weights())
     assert all(torch.equal(v, engine.model.state_dict()[k]) for k, v in state.items())
     reference = copy.deepcopy(engine.adapters.peft).merge_and_unload().state_dict()
     assert merged.keys() == reference.keys()
-    for name, tensor in reference.items():
-        torch.testing.assert_close(merged[name], tensor, rtol=0, atol=1e-6)
+    for key, tensor in reference.items():
+        torch.testing.assert_close(merged[key], tensor, rtol=0, atol=1e-6)
     # as vllm.py writes it: the trainer model's save_pretrained with the merged state dict
     engine.model.save_pretrained(tmp_path / "synced", state_dict=merged)
     from transformers import AutoModelForCausalLM
