@@ -9,7 +9,7 @@ A training run folder (`gspo train`, `gspo sft`; default `trainer.out_dir/<recip
     eval.jsonl         held-out accuracy: {"step": N, "accuracy": ...}; step 0 = before RL
     summary.json       {"steps": N, "heldout_accuracy": {"<step>": ...}}, written at the end
     cold_start/        the cold-start SFT result, an HF checkpoint (config.json, weights, tokenizer)
-    base/              with LoRA on a built-in model and no cold start: the seeded base model
+    lora_base/         with LoRA on a built-in model and no cold start: the seeded base model
                        the adapters sit on (an HF checkpoint), saved once
     checkpoints/
         step_NNNNNN/   HF weights + tokenizer, trainer_state.pt (step, sampler, RNG, world,
@@ -71,7 +71,7 @@ STEP_GLOB = "step_*"
 HF_CONFIG = "config.json"  # what marks a folder as an HF checkpoint
 ADAPTER_CONFIG = "adapter_config.json"  # what marks a folder as peft adapters (LoRA)
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's adapter weights, beside ADAPTER_CONFIG
-LORA_BASE = "base"  # a LoRA run's saved built-in base model (no cold start)
+LORA_BASE = "lora_base"  # a LoRA run's saved built-in base model (no cold start)
 WANDB_ID = "wandb_run_id"
 
 LOCK = ".gspo.lock"  # also in an eval output folder

@@ -6,7 +6,7 @@ base model.
 The base model is the policy RL starts from: the cold-start result when the cold start is on
 (saved in the run folder anyway), else the recipe's model. A hub id or a local folder is named
 as it is (not copied). A built-in model is created from a seed, so a LoRA run on one saves it
-once in the run folder (`base/`, an HF checkpoint of a few MB): evaluation and export load the
+once in the run folder (`lora_base/`, an HF checkpoint of a few MB): evaluation and export load the
 exact weights that were trained on, whatever another torch version would initialise.
 """
 

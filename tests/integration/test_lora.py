@@ -267,7 +267,7 @@ def _adapted_logits(run: Path, ids: torch.Tensor) -> torch.Tensor:
 
 def test_eval_of_a_lora_run_is_base_plus_adapters(builtin_lora_run: Path, tmp_path: Path) -> None:
     run = builtin_lora_run
-    assert (run / "base" / "config.json").is_file()
+    assert (run / "lora_base" / "config.json").is_file()
     ids = torch.tensor([PROMPTS[1]])
     expected = _adapted_logits(run, ids)
     base, _ = create_builtin("tiny-dense", seed=3)
@@ -281,7 +281,7 @@ def test_eval_of_a_lora_run_is_base_plus_adapters(builtin_lora_run: Path, tmp_pa
     shutil.copytree(run, moved)
     config_file = moved / "checkpoints" / "step_000002" / "adapter_config.json"
     config = json.loads(config_file.read_text())
-    config["base_model_name_or_path"] = str(tmp_path / "gone" / "base")
+    config["base_model_name_or_path"] = str(tmp_path / "gone" / "lora_base")
     config_file.write_text(json.dumps(config))
     model, _ = load_policy(str(config_file.parent))
     with torch.no_grad():
