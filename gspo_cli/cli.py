@@ -69,7 +69,18 @@ def _summary(recipe: Recipe) -> str:
 def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
     """Check a recipe; exit 0 with a summary or 2 with one line per problem."""
     resolved = load_recipe(recipe, set_)
+    _check_lora(recipe, resolved)
     console.print(f"[green]ok[/green] {_summary(resolved)}", highlight=False)
+
+
+def _check_lora(file: Path, recipe: Recipe) -> None:
+    """A LoRA target module the model lacks: one line, exit 2, before anything is written."""
+    if recipe.model.lora.r:
+        from gspo_cli.train.adapters import early_target_problem
+
+        problem = early_target_problem(recipe)
+        if problem is not None:
+            raise RecipeError(str(file), [problem])
 
 
 @app.command()
@@ -99,6 +110,7 @@ def train(
 ) -> None:
     """Run RL training (cold start first when the recipe enables it)."""
     resolved = load_recipe(recipe, set_)  # a bad recipe fails before the heavy imports below
+    _check_lora(recipe, resolved)
     run_dir = run_dir_of(resolved.trainer.out_dir, resolved.name, out)
     console.print(f"[bold]gspo train[/bold] {_summary(resolved)}", highlight=False)
     with _stop_line(lambda: stop_message(run_dir, sys.argv[1:])), _writer(run_dir, "gspo train"):
@@ -261,6 +273,20 @@ def _eval_settings(
     except ValidationError as exc:
         raise RecipeError("gspo eval", [describe_error(e) for e in exc.errors()]) from None
     return settings
+
+
+@app.command()
+def export(
+    checkpoint: Annotated[
+        str, typer.Argument(help="Run folder (its latest checkpoint) or checkpoint folder.")
+    ],
+    out: Annotated[Path, typer.Argument(help="New (or empty) folder for the HF checkpoint.")],
+) -> None:
+    """Write a plain HF checkpoint that transformers loads alone (LoRA adapters merged in)."""
+    from gspo_cli.eval.export import export_checkpoint
+
+    source = export_checkpoint(checkpoint, out)
+    console.print(f"exported {source} -> {out}", highlight=False)
 
 
 @app.command()

@@ -9,9 +9,13 @@ A training run folder (`gspo train`, `gspo sft`; default `trainer.out_dir/<recip
     eval.jsonl         held-out accuracy: {"step": N, "accuracy": ...}; step 0 = before RL
     summary.json       {"steps": N, "heldout_accuracy": {"<step>": ...}}, written at the end
     cold_start/        the cold-start SFT result, an HF checkpoint (config.json, weights, tokenizer)
+    lora_base/         with LoRA on a built-in model and no cold start: the seeded base model
+                       the adapters sit on (an HF checkpoint), saved once
     checkpoints/
         step_NNNNNN/   HF weights + tokenizer, trainer_state.pt (step, sampler, RNG, world,
-                       rollbacks) and the engine's state (optimizer.pt, or deepspeed/)
+                       rollbacks) and the engine's state (optimizer.pt, or deepspeed/); with
+                       LoRA, peft's adapter_config.json + adapter_model.safetensors instead of
+                       the HF weights (the base is named in adapter_config.json)
         latest         text file: the name of the newest complete step_NNNNNN folder
     wandb/             wandb's own files, when `logging.wandb` is on
     wandb_run_id       the wandb run's id, which a resumed run continues
@@ -65,6 +69,9 @@ LATEST = "latest"  # inside checkpoints/
 TRAINER_STATE = "trainer_state.pt"  # inside checkpoints/step_NNNNNN/
 STEP_GLOB = "step_*"
 HF_CONFIG = "config.json"  # what marks a folder as an HF checkpoint
+ADAPTER_CONFIG = "adapter_config.json"  # what marks a folder as peft adapters (LoRA)
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's adapter weights, beside ADAPTER_CONFIG
+LORA_BASE = "lora_base"  # a LoRA run's saved built-in base model (no cold start)
 WANDB_ID = "wandb_run_id"
 
 LOCK = ".gspo.lock"  # also in an eval output folder

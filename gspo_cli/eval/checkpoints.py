@@ -1,5 +1,5 @@
-"""Resolve what `gspo eval CHECKPOINT` names: an HF folder, a GGUF file, a run folder, or a
-built-in model."""
+"""Resolve what `gspo eval CHECKPOINT` (and `gspo export`) names: an HF folder, a folder of LoRA
+adapters, a GGUF file, a run folder, or a built-in model."""
 
 from __future__ import annotations
 
@@ -8,11 +8,17 @@ from pathlib import Path
 from gspo_cli.errors import GspoError
 from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX
 from gspo_cli.models.gguf import GGUF_SUFFIX
-from gspo_cli.run_folder import CHECKPOINTS, COLD_START, HF_CONFIG, LATEST
+from gspo_cli.run_folder import ADAPTER_CONFIG, CHECKPOINTS, COLD_START, HF_CONFIG, LATEST
+
+
+def is_checkpoint(folder: Path) -> bool:
+    """An HF checkpoint, or a LoRA run's checkpoint (adapters naming their base model)."""
+    return (folder / HF_CONFIG).is_file() or (folder / ADAPTER_CONFIG).is_file()
 
 
 def resolve_checkpoint(name: str) -> str:
-    """A path or id that `load_policy` accepts: a run folder becomes its latest checkpoint."""
+    """A path or id that `load_policy` accepts: a run folder becomes its latest checkpoint
+    (with LoRA, its adapters: `load_policy` merges them into their base model)."""
     if name.startswith(BUILTIN_MODEL_PREFIX):
         return name
     path = Path(name).expanduser()
@@ -20,16 +26,17 @@ def resolve_checkpoint(name: str) -> str:
         if name.startswith(("/", ".", "~")) or name.count("/") != 1:
             raise GspoError(f"checkpoint not found: {name}")
         return name  # a hub id such as Qwen/Qwen3-8B, loaded if cached
-    if (path / HF_CONFIG).is_file() or (path.is_file() and path.suffix == GGUF_SUFFIX):
+    if is_checkpoint(path) or (path.is_file() and path.suffix == GGUF_SUFFIX):
         return str(path)
     pointer = path / CHECKPOINTS / LATEST
     if pointer.is_file():
         folder = path / CHECKPOINTS / pointer.read_text(encoding="utf-8").strip()
-        if not (folder / HF_CONFIG).is_file():
+        if not is_checkpoint(folder):
             raise GspoError(f"{pointer} points to {folder}, which is not an HF checkpoint")
         return str(folder)
     if (path / COLD_START / HF_CONFIG).is_file():
         return str(path / COLD_START)
     raise GspoError(
-        f"{name} is neither an HF checkpoint (config.json), a .gguf file nor a run folder"
+        f"{name} is neither an HF checkpoint (config.json), LoRA adapters "
+        f"(adapter_config.json), a .gguf file nor a run folder"
     )

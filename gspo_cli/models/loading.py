@@ -17,6 +17,7 @@ from transformers.utils import logging as hf_logging
 from gspo_cli.errors import GspoError
 from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX, BUILTIN_MODELS, create_builtin
 from gspo_cli.models.gguf import GGUF_SUFFIX, PRETRAINED_BUILTINS, hf_folder_of, wheel_gguf
+from gspo_cli.models.lora import adapter_base, is_adapter_folder, merge_adapters
 
 hf_logging.disable_progress_bar()  # gspo's own display reports progress
 
@@ -48,7 +49,17 @@ def load_policy(
     what: str = "model.path",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model and its tokenizer; a problem becomes one GspoError line naming `what` (the
-    recipe key or argument) and the path."""
+    recipe key or argument) and the path. A folder of LoRA adapters (a LoRA run's checkpoint)
+    is its base model with the adapters merged in."""
+    if is_adapter_folder(Path(path).expanduser()):
+        base = adapter_base(Path(path).expanduser())
+        model, tokenizer = load_policy(
+            base,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            what=f"{what} (the base model of the adapters in {path})",
+        )
+        return merge_adapters(model, Path(path).expanduser()), tokenizer
     path = hf_path(path, what=what)
     if path.startswith(BUILTIN_MODEL_PREFIX):
         try:

@@ -140,6 +140,18 @@ class Recording:
         )
 
 
+WRAPPED = "base_layer"  # where an adapter (peft LoRA) wrapper holds the module it adapts
+
+
+def _moe_block(modules: dict[str, nn.Module], path: str, name: str) -> tuple[nn.Module, str]:
+    """The MoE block whose experts are the child `name` of the module at `path`, and the
+    experts' name in it: above any adapter wrappers (LoRA on the experts' parameters wraps them,
+    once per parameter), where the router is found."""
+    while name == WRAPPED and path:
+        path, _, name = path.rpartition(".")
+    return modules[path], name
+
+
 class ExpertRouting:
     """Hooks on every MoE layer of one model; idle (one cheap check per layer) unless asked."""
 
@@ -151,10 +163,12 @@ class ExpertRouting:
         self.forced_where: torch.Tensor | None = None  # [n, W] bool: positions to force
         self.router_logits: list[torch.Tensor] | None = None  # per layer [tokens, E], with grad
         self.named_routers = True
-        for block in model.modules():
-            for name, child in block.named_children():
+        modules = dict(model.named_modules())
+        for path, inner in modules.items():
+            for child_name, child in inner.named_children():
                 if "top_k_index" not in inspect.signature(child.forward).parameters:
                     continue
+                block, name = _moe_block(modules, path, child_name)
                 layer = _Layer(len(self.layers), self, experts, top_k)
                 child.register_forward_pre_hook(layer.before_experts, with_kwargs=True)
                 router = next(

@@ -96,7 +96,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
     )
 
 
-def _config_file(path: str) -> Path | None:
+def model_config_file(path: str) -> Path | None:
     """The model's config.json when it is on disk: a local folder, or a cached hub id."""
     local = Path(path).expanduser()
     if looks_local(path) or local.is_dir():
@@ -114,7 +114,7 @@ def model_shape(path: str) -> ModelShape | None:
     """The model's shape, or None when it is not known without the hub (or not a model)."""
     if path.startswith(BUILTIN_PREFIX):
         return BUILTIN_SHAPES.get(path.removeprefix(BUILTIN_PREFIX))
-    file = _config_file(path)
+    file = model_config_file(path)
     if file is None:
         return None
     try:

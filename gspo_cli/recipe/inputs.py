@@ -12,6 +12,49 @@ from gspo_cli.data.prompts import DEFAULT_TEMPLATE, check_template_kwargs
 from gspo_cli.recipe.section import Section, check_exists, looks_local
 from gspo_cli.run_folder import HF_CONFIG
 
+# peft's name for every linear layer but the output head
+LORA_ALL_LINEAR: Literal["all-linear"] = "all-linear"
+
+
+class LoraConfig(Section):
+    r: int = Field(
+        0,
+        ge=0,
+        description="LoRA rank: train peft low-rank adapters of this rank on the frozen model "
+        "(the cold-start result when enabled); 0 = off, every weight trains.",
+    )
+    alpha: float = Field(16.0, gt=0, description="LoRA alpha: the update is (alpha / r) B A.")
+    dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Dropout on the adapters' input while training; above 0 the on-policy ratio "
+        "is no longer exactly 1.",
+    )
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        LORA_ALL_LINEAR,
+        min_length=1,
+        description="Modules that get adapters, by name (q_proj, v_proj...; a name matches a "
+        "module's last dotted parts), or all-linear: every linear layer but the LM head.",
+    )
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _names_or_all_linear(cls, value: object) -> object:
+        if isinstance(value, str) and value != LORA_ALL_LINEAR:
+            raise ValueError(f"a list of module names ([{value}]) or {LORA_ALL_LINEAR}")
+        return value
+
+    @model_validator(mode="after")
+    def _settings_need_a_rank(self) -> LoraConfig:
+        # A LoRA setting without adapters would be silently ignored: say so instead.
+        defaults = LoraConfig.model_fields
+        keys = ("alpha", "dropout", "target_modules")
+        changed = [k for k in keys if getattr(self, k) != defaults[k].get_default()]
+        if self.r == 0 and changed:
+            raise ValueError(f"{changed[0]} has no effect with r 0 (LoRA off): set r > 0")
+        return self
+
 
 class ModelConfig(Section):
     path: str = Field(
@@ -24,6 +67,9 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training dtype.")
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
     trust_remote_code: bool = Field(False, description="Allow custom modelling code from the hub.")
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig, description="LoRA adapters (peft); r 0 = off."
+    )
 
     _path_exists = field_validator("path")(check_exists)
 

@@ -124,3 +124,12 @@ class Recipe(Section):
                 f"trainer.micro_batch_size ({micro}) must divide the minibatch size ({mini})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _lora_checks(self) -> Recipe:
+        if self.model.lora.r and self.algorithm.ref_update_every:
+            raise ValueError(
+                "algorithm.ref_update_every: with LoRA (model.lora.r > 0) the KL reference is "
+                "the base model with the adapters switched off, which never changes: set it to 0"
+            )
+        return self

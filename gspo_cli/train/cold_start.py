@@ -67,25 +67,30 @@ def run_cold_start(
             recipe.trainer.seed,
             on_step=lambda step, loss: progress.update(step, f"loss {loss:.3f}"),
         )
-    _save_cold_start(model, tokenizer, run_dir)
+    save_hf_folder(model, tokenizer, run_dir, COLD_START, "the cold start")
     display.print(
         f"cold start done in {time.perf_counter() - t0:.0f}s, final loss {losses[-1]:.3f}"
     )
     return model
 
 
-def _save_cold_start(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, run_dir: Path
+def save_hf_folder(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    run_dir: Path,
+    name: str,
+    what: str,
 ) -> None:
-    """Written under a staging name and renamed: a kill or a full disk leaves no half folder."""
-    tmp = run_dir / staging(COLD_START)
+    """`run_dir/name` as an HF checkpoint (`what`, for the error line), written under a staging
+    name and renamed: a kill or a full disk leaves no half folder."""
+    tmp = run_dir / staging(name)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        tmp.rename(run_dir / COLD_START)
+        tmp.rename(run_dir / name)
     except BaseException as exc:
         problem = remove_partial(tmp, exc, run_dir)
         if problem is None:
             raise
-        raise GspoError(f"{problem}: the cold start was not saved") from None
+        raise GspoError(f"{problem}: {what} was not saved") from None

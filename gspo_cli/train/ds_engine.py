@@ -23,6 +23,7 @@ from gspo_cli.errors import GspoError
 from gspo_cli.models.forward.batch import TrainBatch
 from gspo_cli.models.forward.capabilities import ModelCapabilities, capabilities_of
 from gspo_cli.models.forward.logprobs import EntropyMode, response_logprobs
+from gspo_cli.train.adapters import add_adapters
 from gspo_cli.train.distributed import DistContext
 from gspo_cli.train.engine import UpdateFailed
 from gspo_cli.train.engine_settings import EngineSettings
@@ -94,8 +95,12 @@ class DeepSpeedEngine:
     def __init__(self, model: PreTrainedModel, settings: EngineSettings, ctx: DistContext) -> None:
         import deepspeed
 
+        self.adapters = add_adapters(model, settings.lora)  # LoRA: only they train
+        model = model if self.adapters is None else self.adapters.model
         optimizer, scheduler = adamw_with_schedule(
-            list(model.parameters()), settings.optimizer, settings.optimizer_steps
+            [p for p in model.parameters() if p.requires_grad],
+            settings.optimizer,
+            settings.optimizer_steps,
         )
         self.ctx = ctx
         self.zero_stage = settings.deepspeed.zero_stage
@@ -179,23 +184,32 @@ class DeepSpeedEngine:
             raise GspoError(f"checkpoint {folder}: no DeepSpeed state to resume from")
 
     def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Collective under ZeRO-3: each parameter is gathered in turn, copied, released."""
+        """Collective under ZeRO-3: each parameter is gathered in turn, copied, released (with
+        LoRA all at once, to merge the adapters in)."""
         if self.zero_stage != 3:
-            yield from self.model.state_dict().items()
+            if self.adapters is not None:
+                yield from self.adapters.merged_weights()
+            else:
+                yield from self.model.state_dict().items()
             return
         import deepspeed
 
+        if self.adapters is not None:
+            with deepspeed.zero.GatheredParameters(list(self.model.parameters())):
+                merged = [(n, t.detach().clone()) for n, t in self.adapters.merged_weights()]
+            yield from merged
+            return
         for name, param in self.model.named_parameters():
             with deepspeed.zero.GatheredParameters([param]):
                 yield name, param.data.detach().clone()
 
     def save_model(self, path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
         """Collective under ZeRO-3 (weights are gathered); rank 0 writes the HF folder."""
-        if self.zero_stage == 3:
-            state = self.ds._zero3_consolidated_16bit_state_dict()
-            if self.ctx.is_main:
-                self.model.save_pretrained(path, state_dict=state)
-        elif self.ctx.is_main:
-            self.model.save_pretrained(path)
-        if self.ctx.is_main:
-            tokenizer.save_pretrained(path)
+        state = self.ds._zero3_consolidated_16bit_state_dict() if self.zero_stage == 3 else None
+        if not self.ctx.is_main:
+            return
+        if self.adapters is not None:
+            self.adapters.save(path, state)
+        else:
+            self.model.save_pretrained(path, state_dict=state)
+        tokenizer.save_pretrained(path)

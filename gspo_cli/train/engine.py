@@ -20,6 +20,8 @@ from gspo_cli.models.forward.batch import TrainBatch
 from gspo_cli.models.forward.capabilities import ModelCapabilities, capabilities_of
 from gspo_cli.models.forward.logprobs import EntropyMode, response_logprobs
 from gspo_cli.models.loading import restore_weights
+from gspo_cli.models.lora import Adapters
+from gspo_cli.train.adapters import add_adapters
 from gspo_cli.train.distributed import DistContext
 from gspo_cli.train.engine_settings import EngineSettings
 from gspo_cli.train.optimiser import OPTIMIZER_FILE, adamw_with_schedule, set_schedule_peak
@@ -28,8 +30,9 @@ from gspo_cli.train.optimiser import OPTIMIZER_FILE, adamw_with_schedule, set_sc
 class TrainEngine(Protocol):
     """What the RL loop needs from a training backend (plain torch, DeepSpeed)."""
 
-    model: PreTrainedModel
+    model: PreTrainedModel  # with LoRA: the HF model with peft's layers in it
     capabilities: ModelCapabilities  # decided once, when the engine wrapped the model
+    adapters: Adapters | None  # model.lora: only they train; None: every weight does
 
     @property
     def allows_resharding(self) -> bool:
@@ -81,11 +84,13 @@ class TrainEngine(Protocol):
         """Weights, optimiser and scheduler state from a checkpoint folder."""
         ...
 
-    def save_model(self, path: Path, tokenizer: PreTrainedTokenizerBase) -> None: ...
+    def save_model(self, path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
+        """The HF folder of the weights, or with LoRA of the adapters, and the tokenizer."""
+        ...
 
     def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The current parameters by HF name, whole on every rank (a rollout engine syncs
-        from them; collective under ZeRO-3)."""
+        from them; collective under ZeRO-3); with LoRA, the adapters merged in."""
         ...
 
 
@@ -125,10 +130,11 @@ class TorchEngine:
     partitions_weights = False
 
     def __init__(self, model: PreTrainedModel, settings: EngineSettings, ctx: DistContext) -> None:
-        self.model = model
-        self.capabilities = capabilities_of(model, share_prompts=settings.share_prompts)
+        self.adapters = add_adapters(model, settings.lora)
+        self.model = model if self.adapters is None else self.adapters.model
+        self.capabilities = capabilities_of(self.model, share_prompts=settings.share_prompts)
         self.max_grad_norm = settings.optimizer.max_grad_norm
-        params = [p for p in model.parameters() if p.requires_grad]
+        params = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: the adapters
         self.optimizer, self.scheduler = adamw_with_schedule(
             params, settings.optimizer, settings.optimizer_steps
         )
@@ -177,13 +183,22 @@ class TorchEngine:
             state = torch.load(folder / OPTIMIZER_FILE, weights_only=False)
         except Exception as exc:  # zip/pickle errors of many kinds mean a damaged file
             raise GspoError(f"checkpoint {folder / OPTIMIZER_FILE} is corrupted: {exc}") from None
-        restore_weights(self.model, folder)
+        if self.adapters is not None:
+            self.adapters.load(folder)
+        else:
+            restore_weights(self.model, folder)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
     def save_model(self, path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.model.save_pretrained(path)
+        if self.adapters is not None:
+            self.adapters.save(path)
+        else:
+            self.model.save_pretrained(path)
         tokenizer.save_pretrained(path)
 
     def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from self.model.state_dict().items()
+        if self.adapters is not None:
+            yield from self.adapters.merged_weights()
+        else:
+            yield from self.model.state_dict().items()

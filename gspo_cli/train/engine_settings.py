@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gspo_cli.recipe.inputs import LoraConfig
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.recipe.trainer import DeepSpeedConfig, OptimizerConfig
 
@@ -19,6 +20,7 @@ class EngineSettings:
     micro_batch_size: int = 0  # trainer.micro_batch_size; 0: a whole minibatch
     bf16: bool = False  # model.dtype is bfloat16 (DeepSpeed's bf16 mode)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)  # read by DeepSpeed
+    lora: LoraConfig = field(default_factory=LoraConfig)  # model.lora: r 0 = every weight trains
 
 
 def optimizer_steps(recipe: Recipe) -> int:
@@ -36,4 +38,5 @@ def engine_settings(recipe: Recipe) -> EngineSettings:
         micro_batch_size=recipe.trainer.micro_batch_size,
         bf16=recipe.model.dtype == "bfloat16",
         deepspeed=recipe.deepspeed,
+        lora=recipe.model.lora,
     )

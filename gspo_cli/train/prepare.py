@@ -20,11 +20,13 @@ from gspo_cli.data.problems import Problem
 from gspo_cli.engines import ROLLOUT_ENGINES, TRAIN_ENGINES
 from gspo_cli.models import load_policy
 from gspo_cli.models.loading import hf_path
+from gspo_cli.models.lora import Adapters
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
 from gspo_cli.run_folder import CHECKPOINTS, COLD_START, step_folder
+from gspo_cli.train.adapters import base_name, save_builtin_base, trainable_line
 from gspo_cli.train.checkpoint import latest_checkpoint, save_checkpoint
 from gspo_cli.train.cold_start import load_recipe_model, run_cold_start
 from gspo_cli.train.device import resolve_device
@@ -40,7 +42,7 @@ from gspo_cli.train.engines import check_processes, make_engine
 from gspo_cli.train.guard import rollback_target
 from gspo_cli.train.old_policy import EngineLogprobs, resolve_engine_logprobs
 from gspo_cli.train.problem_sets import Problems, run_problems
-from gspo_cli.train.reference import reference_state
+from gspo_cli.train.reference import BaseReference, reference_state
 from gspo_cli.train.resume import resume_changes, resume_from_checkpoint
 from gspo_cli.train.rewards import RewardModel
 from gspo_cli.train.run_dir import prepare_run_dir
@@ -148,7 +150,10 @@ def prepare_run(
         model.gradient_checkpointing_enable()
     model.train()
     ref_engine = _reference(recipe, model)
+    save_builtin_base(recipe, model, tokenizer, run_dir, ctx)  # LoRA on a seeded built-in
     engine = make_engine(recipe.trainer.engine, model, engine_settings(recipe), ctx)
+    if engine.adapters is not None:
+        ref_engine = _lora_start(recipe, engine, engine.adapters, run_dir, console)
     spec = EngineSpec(
         engine.model,
         tokenizer,
@@ -257,11 +262,22 @@ def _after_cold_start(
 
 
 def _reference(recipe: Recipe, model: PreTrainedModel) -> FrozenPolicy | None:
-    """A frozen copy of the starting policy, only when the KL penalty is on."""
-    if recipe.algorithm.kl_coef == 0:
+    """A frozen copy of the starting policy, only when the KL penalty is on (and LoRA is off:
+    `_lora_start` gives the reference then)."""
+    if recipe.algorithm.kl_coef == 0 or recipe.model.lora.r:
         return None
     frozen = copy.deepcopy(model).eval().requires_grad_(False)
     return FrozenPolicy(frozen, recipe.trainer.share_prompts)
+
+
+def _lora_start(
+    recipe: Recipe, engine: TrainEngine, adapters: Adapters, run_dir: Path, console: Console
+) -> FrozenPolicy | None:
+    """A LoRA run's start: its checkpoints name their base, it says what trains, and the KL
+    reference (when the penalty is on) is the base: the engine's model with adapters off."""
+    adapters.name_base(base_name(recipe, run_dir))
+    console.print(trainable_line(adapters, recipe.model.lora), highlight=False, soft_wrap=True)
+    return BaseReference(engine, adapters) if recipe.algorithm.kl_coef else None
 
 
 def _wandb(recipe: Recipe, run_dir: Path, resume: bool) -> Any:

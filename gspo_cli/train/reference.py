@@ -12,6 +12,10 @@ a resume loads the checkpoint's.
 
 Under DeepSpeed the weights come from `engine.full_weights()`, whole on every rank (collective
 under ZeRO-3: every rank calls these functions at the same point).
+
+With LoRA (`model.lora.r` > 0) the reference is the base model: the trained model itself with its
+adapters switched off by peft (`BaseReference`), no second copy. It never changes (the recipe
+refuses `ref_update_every` with LoRA), so checkpoints store nothing for it.
 """
 
 from __future__ import annotations
@@ -23,10 +27,29 @@ from typing import Any
 import torch
 
 from gspo_cli.errors import GspoError
+from gspo_cli.models.forward.batch import TrainBatch
+from gspo_cli.models.forward.logprobs import EntropyMode
+from gspo_cli.models.lora import Adapters
 from gspo_cli.train.checkpoint import load_trainer_state
 from gspo_cli.train.engine import FrozenPolicy, TrainEngine
 
 REFERENCE_KEY = "reference"  # the trainer-state entry holding the reference's weights
+
+
+class BaseReference(FrozenPolicy):
+    """The KL reference of a LoRA run: the engine's own model scored with its adapters off."""
+
+    def __init__(self, engine: TrainEngine, adapters: Adapters) -> None:
+        self.engine = engine
+        self.adapters = adapters
+        self.model = adapters.model
+        self.capabilities = engine.capabilities
+
+    def logprobs(
+        self, batch: TrainBatch, temperature: float, entropy: EntropyMode = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with self.adapters.disabled():
+            return self.engine.logprobs(batch, temperature, entropy)
 
 
 def copy_weights(reference: FrozenPolicy, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

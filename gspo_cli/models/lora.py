@@ -1,0 +1,239 @@
+"""LoRA adapters on a policy, through peft: the model stays frozen, low-rank updates train.
+
+`Adapters.add` wraps a model with peft's `get_peft_model`. peft puts its LoRA layers into the HF
+model in place, so the engines, the hand-written LM head, shared prompts and the decoding loop
+keep working on that HF model (`Adapters.model`), while the peft wrapper does what is peft's:
+switching the adapters off (`disabled`: the base model, the KL reference), saving and loading
+them (`save_pretrained`, as `adapter_config.json` + `adapter_model.safetensors`), and merging
+them (`merged_weights` for a rollout engine with weights of its own, `merge_adapters` for
+evaluation and export).
+
+A folder of adapters names its base model in `adapter_config.json` (`base_model_name_or_path`):
+a hub id, or the absolute path of a folder. `adapter_base` reads it back, and finds a base that
+lived in a run folder moved since (the checkpoint's run folder holds it under the same name).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from gspo_cli.errors import GspoError
+from gspo_cli.run_folder import ADAPTER_CONFIG, ADAPTER_WEIGHTS, CHECKPOINTS, HF_CONFIG
+
+ALL_LINEAR = "all-linear"  # peft: every linear layer but the output head
+ADAPTER = "default"  # peft's name of a model's one adapter
+LORA_KEY = ".lora_"  # in the state-dict names of peft's LoRA parameters
+# peft's wrapped layer in names, once or nested (a ParamWrapper per adapted parameter)
+BASE_LAYER = re.compile(r"(\.base_layer)+(?=\.|$)")
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    """The distinct last names of the model's linear layers, in order: what target_modules
+    usually name (q_proj, v_proj, ...)."""
+    from transformers.pytorch_utils import Conv1D
+
+    names: dict[str, None] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Linear, Conv1D)) and name:
+            names[name.rpartition(".")[2]] = None
+    return list(names)
+
+
+def target_problem(model: nn.Module, targets: list[str] | str, label: str) -> str | None:
+    """One line naming the first of `targets` that `model` (called `label`) lacks, and the
+    linear modules it has; None when it has them all. A name matches a module whose dotted
+    name is it or ends with `.name`, as in peft."""
+    if isinstance(targets, str):
+        return None  # all-linear: whatever the model has
+    modules = [name for name, _ in model.named_modules()]
+    for target in targets:
+        if not any(name == target or name.endswith(f".{target}") for name in modules):
+            return (
+                f"model.lora.target_modules: {label} has no module {target!r}; its linear "
+                f"modules are {', '.join(linear_names(model))} (or use {ALL_LINEAR})"
+            )
+    return None
+
+
+def model_skeleton(path: str, config_dir: Path | None) -> nn.Module | None:
+    """`path`'s modules without weights (on the meta device): a built-in model, or the model
+    of the config.json in `config_dir`; None when neither applies."""
+    from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX, BUILTIN_MODELS
+    from gspo_cli.models.tokenizer import build_char_tokenizer
+
+    with torch.device("meta"):
+        if path.startswith(BUILTIN_MODEL_PREFIX):
+            name = path.removeprefix(BUILTIN_MODEL_PREFIX)
+            if name not in BUILTIN_MODELS:
+                return None
+            return BUILTIN_MODELS.get(name)(build_char_tokenizer())
+        if config_dir is None:
+            return None
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        try:
+            config = AutoConfig.from_pretrained(str(config_dir), local_files_only=True)
+            return AutoModelForCausalLM.from_config(config)
+        except (OSError, ValueError, KeyError):  # loading the model reports it
+            return None
+
+
+class Adapters:
+    """A model's LoRA adapters: the peft wrapper, beside the HF model (with peft's layers in
+    it) that the engines train."""
+
+    def __init__(self, wrapped: Any) -> None:
+        self.peft = wrapped  # peft.PeftModel
+        self.model: PreTrainedModel = wrapped.get_base_model()
+
+    @classmethod
+    def add(
+        cls,
+        model: PreTrainedModel,
+        *,
+        r: int,
+        alpha: float,
+        dropout: float,
+        targets: list[str] | str,
+        label: str = "the model",
+    ) -> Adapters:
+        """Freeze `model` and give it fresh adapters (B = 0: it computes what it did)."""
+        import peft
+
+        problem = target_problem(model, targets, label)
+        if problem is not None:
+            raise GspoError(problem)
+        config = peft.LoraConfig(
+            r=r,
+            lora_alpha=alpha,
+            lora_dropout=dropout,
+            target_modules=targets,
+            task_type="CAUSAL_LM",
+        )
+        try:
+            with warnings.catch_warnings():
+                # peft's own MoE conversion adds patterns for fused experts, then says they
+                # matched nothing: no setting of the recipe's, nothing a user can act on
+                warnings.filterwarnings("ignore", message=".*did not match any targeted module")
+                wrapped = peft.get_peft_model(model, config)
+        except ValueError as exc:  # e.g. a target that is no layer peft can adapt
+            raise GspoError(f"model.lora: {_first_line(exc)}") from None
+        if getattr(model, "is_gradient_checkpointing", False):
+            model.enable_input_require_grads()  # the frozen embeddings give checkpoints no grad
+        return cls(wrapped)
+
+    def disabled(self) -> AbstractContextManager[None]:
+        """Inside it, the model computes its base model's outputs (peft's disable_adapter)."""
+        context: AbstractContextManager[None] = self.peft.disable_adapter()
+        return context
+
+    def counts(self) -> tuple[int, int]:
+        """(trainable parameters, all parameters)."""
+        trainable, total = self.peft.get_nb_trainable_parameters()
+        return int(trainable), int(total)
+
+    def name_base(self, base: str) -> None:
+        """What saved adapters name as their base model (`base_model_name_or_path`)."""
+        self.peft.peft_config[ADAPTER].base_model_name_or_path = base
+
+    def save(self, folder: Path, weights: dict[str, torch.Tensor] | None = None) -> None:
+        """`adapter_config.json` and `adapter_model.safetensors` in `folder` (peft's
+        save_pretrained); `weights`: the whole model's state dict where the model's own
+        parameters are partitioned (ZeRO-3)."""
+        if weights is not None:  # named as in the HF model: peft names them from its wrapper
+            prefix = next(name for name, m in self.peft.named_modules() if m is self.model)
+            weights = {f"{prefix}.{key}": tensor for key, tensor in weights.items()}
+        self.peft.save_pretrained(str(folder), state_dict=weights)
+
+    def load(self, folder: Path) -> None:
+        """The adapter weights of `folder`, which must be exactly this model's adapters."""
+        from peft import get_peft_model_state_dict, set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        file = folder / ADAPTER_WEIGHTS
+        try:
+            weights = load_file(str(file))
+        except Exception as exc:  # safetensors raises several types for a damaged file
+            raise GspoError(f"checkpoint {file} is missing or corrupted: {exc}") from None
+        expected = set(get_peft_model_state_dict(self.peft))
+        if set(weights) != expected:
+            extra = sorted(set(weights) ^ expected)[:3]
+            raise GspoError(f"checkpoint {folder}: its adapters do not match the model's: {extra}")
+        set_peft_model_state_dict(self.peft, weights)
+
+    def merged_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The model's weights with the adapters merged in, by the plain HF names (`W + (alpha
+        / r) B A`, from each layer's peft `get_delta_weight`), computed aside: the model
+        itself is not touched (merging in place and back would round its base weights)."""
+        deltas = {  # a LoRA layer adapts its base layer's weight, a ParamWrapper any parameter
+            f"{_unwrapped(name)}.{getattr(module, 'parameter_name', 'weight')}": module
+            for name, module in self.model.named_modules()
+            if hasattr(module, "get_delta_weight") and ADAPTER in getattr(module, "lora_A", {})
+        }
+        with torch.no_grad():
+            for key, tensor in self.model.state_dict().items():
+                if LORA_KEY in key:
+                    continue
+                name = _unwrapped(key)
+                if name in deltas:
+                    delta = deltas[name].get_delta_weight(ADAPTER)
+                    tensor = tensor + delta.to(tensor.dtype)
+                yield name, tensor
+
+
+def merge_adapters(model: PreTrainedModel, folder: Path) -> PreTrainedModel:
+    """`model` (the base) with the adapters saved in `folder` merged into its weights: a plain
+    HF model (peft's merge_and_unload)."""
+    from peft import PeftModel
+
+    try:
+        adapted = PeftModel.from_pretrained(model, str(folder))
+    except Exception as exc:  # peft and safetensors raise many types for a bad folder
+        raise GspoError(f"cannot load the adapters in {folder}: {_first_line(exc)}") from None
+    merged: PreTrainedModel = adapted.merge_and_unload()
+    return merged
+
+
+def is_adapter_folder(path: Path) -> bool:
+    """A folder of peft adapters (and no HF weights of its own)."""
+    return (path / ADAPTER_CONFIG).is_file() and not (path / HF_CONFIG).is_file()
+
+
+def adapter_base(folder: Path) -> str:
+    """The base model of the adapters in `folder`: its adapter_config.json's
+    base_model_name_or_path, or, when that folder is gone and `folder` is a run's checkpoint,
+    the run folder's own folder of that name (the run folder was moved)."""
+    file = folder / ADAPTER_CONFIG
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GspoError(f"cannot read {file}: {exc}") from None
+    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    if not isinstance(base, str) or not base:
+        raise GspoError(f"{file} names no base model (base_model_name_or_path)")
+    path = Path(base)
+    if path.is_absolute() and not path.exists() and folder.parent.name == CHECKPOINTS:
+        moved = folder.parent.parent / path.name
+        if (moved / HF_CONFIG).is_file():
+            return str(moved)
+    return base
+
+
+def _unwrapped(name: str) -> str:
+    """A module or parameter name as in the plain HF model: without peft's `base_layer`s."""
+    return BASE_LAYER.sub("", name)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
