@@ -153,7 +153,9 @@ class Adapters:
         if weights is not None:  # named as in the HF model: peft names them from its wrapper
             prefix = next(name for name, m in self.peft.named_modules() if m is self.model)
             weights = {f"{prefix}.{key}": tensor for key, tensor in weights.items()}
-        self.peft.save_pretrained(str(folder), state_dict=weights)
+        # the vocabulary is never resized here: no embedding layers to save, and no lookup of
+        # the base's config (a built-in or GGUF name is not a folder peft can read)
+        self.peft.save_pretrained(str(folder), state_dict=weights, save_embedding_layers=False)
 
     def load(self, folder: Path) -> None:
         """The adapter weights of `folder`, which must be exactly this model's adapters."""

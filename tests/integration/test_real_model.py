@@ -5,6 +5,7 @@ a tied-embedding Llama. Short responses and few rows: it is 134.5M parameters on
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -145,3 +146,54 @@ def test_the_shared_head_gives_the_models_own_gradient_on_a_tied_llama(
         assert float((fast_grad - own_grad).abs().max()) < 1e-6 * float(own_grad.abs().max())
     finally:
         model.to(torch.float32).eval().zero_grad(set_to_none=True)
+
+
+# The model as shipped never boxes an answer (the maths reward is 0 everywhere): a reward with
+# signal from the first step.
+PARITY = """
+def parity(completions, **kwargs):
+    return [float(len(c) % 2) for c in completions]
+"""
+
+
+def test_a_lora_run_on_the_real_model_trains_adapters_and_evaluates(
+    tmp_path: Path, shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two GSPO steps of rank-4 LoRA on SmolLM2 (short responses), then `gspo eval` of the run:
+    base + adapters, with the base rebuilt from its GGUF rather than copied into the run."""
+    from safetensors.torch import load_file
+
+    from tests.helpers import invoke_cli, write_recipe
+
+    recipe = write_recipe(
+        tmp_path,
+        {
+            "model": {"path": SMOLLM2, "lora": {"r": 4, "alpha": 8}},
+            "reward": {"functions": [{"name": "smollm2_rewards:parity"}]},
+            "rollout": {"num_prompts": 2, "group_size": 4, "max_new_tokens": 12},
+            "eval": {"num_problems": 4, "samples": 1, "every": 100},
+            "optimizer": {"lr": 1e-3},
+            "trainer": {"steps": 2, "checkpoint_every": 2},
+        },
+    )
+    (tmp_path / "smollm2_rewards.py").write_text(PARITY)
+    monkeypatch.chdir(tmp_path)  # the reward module is importable from here
+    run = tmp_path / "run"
+    result = invoke_cli("train", str(recipe), "--out", str(run))
+    assert result.returncode == 0, result.stderr[-2000:]
+    share = [line for line in result.stdout.splitlines() if line.startswith("lora: r 4")]
+    assert share and "of 135,736,128 parameters" in share[0]  # 134.5M base + 1.2M adapters
+    (checkpoint,) = (run / "checkpoints").glob("step_*")
+    adapter = json.loads((checkpoint / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == SMOLLM2
+    assert not (run / "lora_base").exists()  # no 538 MB copy of the base
+    weights = load_file(str(checkpoint / "adapter_model.safetensors"))
+    assert weights and all("lora_" in name for name in weights)
+    assert any(float(w.abs().max()) > 0 for n, w in weights.items() if "lora_B" in n)  # trained
+    gsm8k = str(shared / "benchmarks" / "gsm8k")
+    evaluated = invoke_cli(
+        "eval", str(run), "--benchmark", "gsm8k", "--data", gsm8k, "--limit", "2",
+        "--samples", "1", "--max-new-tokens", "8", "--out", str(tmp_path / "eval"),
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert json.loads((tmp_path / "eval" / "results.json").read_text())
