@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 GGUF_SUFFIX = ".gguf"
 GGUF_MAGIC = b"GGUF"
 SOURCE_FILE = "gguf_source.json"  # written last into a converted folder: what it came from
+SCRATCH_PREFIX = ".converting-"  # + the converting process's pid: a conversion in progress
 
 # Pretrained built-in models: name -> (PyPI distribution, GGUF file inside it). The wheel is
 # installed without its dependencies (`make setup`): only the file is used, never its code.
@@ -103,20 +104,52 @@ def _convert(gguf: Path, folder: Path, *, what: str) -> None:
     """Dequantise `gguf` to an fp32 HF folder at `folder`, atomically: a reader never sees a
     half-written folder, and a concurrent conversion of the same file is harmless."""
     folder.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".converting-", dir=folder.parent))
+    _sweep_abandoned(folder.parent)
+    scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=folder.parent))
     try:
         model, tokenizer = _load_gguf(gguf, what=what)
         model.save_pretrained(scratch)
         tokenizer.save_pretrained(scratch)
         source = {"gguf": str(gguf), "size": gguf.stat().st_size}
         (scratch / SOURCE_FILE).write_text(json.dumps(source, indent=1) + "\n", encoding="utf-8")
-        try:
-            scratch.rename(folder)
-        except OSError:  # another process finished first (the folder exists): use its copy
-            if not (folder / SOURCE_FILE).is_file():
-                raise
+        scratch.chmod(0o755)  # mkdtemp's 0700 would keep a shared cache's other users out
+        _publish(scratch, folder)
+    except (OSError, GspoError):
+        raise
+    except Exception as exc:  # e.g. safetensors' own error on a full disk
+        raise GspoError(f"cannot write the converted model to {folder.parent}: {exc}") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _publish(scratch: Path, folder: Path) -> None:
+    """Rename the finished `scratch` to `folder`. Another process may have finished first (its
+    copy is used); a folder without SOURCE_FILE is not one of ours finished: it is replaced."""
+    try:
+        scratch.rename(folder)
+    except OSError:
+        if (folder / SOURCE_FILE).is_file():
+            return
+        shutil.rmtree(folder)
+        scratch.rename(folder)
+
+
+def _sweep_abandoned(cache: Path) -> None:
+    """Remove the scratch folders of conversions whose process is gone (killed mid-way)."""
+    for scratch in cache.glob(f"{SCRATCH_PREFIX}*"):
+        pid = scratch.name.removeprefix(SCRATCH_PREFIX).split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _load_gguf(gguf: Path, *, what: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

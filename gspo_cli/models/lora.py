@@ -167,7 +167,8 @@ class Adapters:
             weights = load_file(str(file))
         except Exception as exc:  # safetensors raises several types for a damaged file
             raise GspoError(f"checkpoint {file} is missing or corrupted: {exc}") from None
-        expected = set(get_peft_model_state_dict(self.peft))
+        # no embedding check: it looks the base up by name (the hub, for a hub id)
+        expected = set(get_peft_model_state_dict(self.peft, save_embedding_layers=False))
         if set(weights) != expected:
             extra = sorted(set(weights) ^ expected)[:3]
             raise GspoError(f"checkpoint {folder}: its adapters do not match the model's: {extra}")

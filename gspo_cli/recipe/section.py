@@ -12,7 +12,7 @@ from gspo_cli.data.sources import split_benchmark_source
 from gspo_cli.engines import ROLLOUT_ENGINES, TRAIN_ENGINES
 from gspo_cli.registry import Registry, UnknownNameError
 
-LOCAL_DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".yaml", ".yml")
+LOCAL_DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".yaml", ".yml", ".gguf")
 
 
 def looks_local(path: str) -> bool:

@@ -181,8 +181,9 @@ class HFGenerateEngine:
         seeds: list[int] | None,
     ) -> LogitsProcessorList:
         """Our own list, in order: record raw log-probs first, then temperature, top-k, top-p,
-        then our exact draw for a greedy pick where `_exact_sampling` says so; the caller's
-        `extra_processors` last."""
+        the caller's `extra_processors` (they shape the law drawn from, e.g. a forbidden EOS),
+        then our exact draw for a greedy pick where `_exact_sampling` says so: it leaves one
+        finite logit per row, so nothing may come after it."""
         processors = LogitsProcessorList([recorder] if recorder is not None else [])
         if params.temperature > 0:
             if params.temperature != 1.0:
@@ -191,9 +192,9 @@ class HFGenerateEngine:
                 processors.append(TopKLogitsWarper(params.top_k))
             if params.top_p < 1.0:
                 processors.append(TopPLogitsWarper(params.top_p))
-            if self._exact_sampling(params, seeds):
-                processors.append(ExactSampling(seeds))
         processors.extend(self.extra_processors)
+        if params.temperature > 0 and self._exact_sampling(params, seeds):
+            processors.append(ExactSampling(seeds))
         return processors
 
     @property

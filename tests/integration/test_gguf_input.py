@@ -3,6 +3,7 @@ every bad file refused in one line with exit 2 before anything is written."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,24 @@ def test_a_conversion_runs_once_and_later_loads_read_the_cache(
     assert all(
         (a == b).all() for a, b in zip(again.parameters(), expected.parameters(), strict=True)
     )
+
+
+def test_a_killed_conversion_and_a_foreign_folder_are_cleaned_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, private_cache: Path
+) -> None:
+    monkeypatch.setattr(gguf, "_load_gguf", lambda path, *, what: create_builtin("tiny-dense", 3))
+    path = _write_gguf(tmp_path / "a.gguf", "llama")
+    cache = private_cache / "gguf"
+    folder = cache / gguf.file_digest(path)[:32]
+    abandoned = cache / f"{gguf.SCRATCH_PREFIX}999999999-x"  # no such process
+    ours = cache / f"{gguf.SCRATCH_PREFIX}{os.getpid()}-y"  # a live conversion: kept
+    for scratch in (abandoned, ours):
+        scratch.mkdir(parents=True)
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")  # not ours: no source file
+    assert gguf.hf_folder_of(path, what="model.path") == folder
+    assert (folder / gguf.SOURCE_FILE).is_file() and folder.stat().st_mode & 0o777 == 0o755
+    assert not abandoned.exists() and ours.exists()
 
 
 def test_a_failed_conversion_leaves_nothing_in_the_cache(
