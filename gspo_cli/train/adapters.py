@@ -21,6 +21,7 @@ from transformers.utils import SAFE_WEIGHTS_NAME as WEIGHTS_NAME
 
 from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX
 from gspo_cli.models.gguf import GGUF_SUFFIX, PRETRAINED_BUILTINS
+from gspo_cli.models.loading import hf_path
 from gspo_cli.models.lora import Adapters, model_skeleton, target_problem
 from gspo_cli.recipe.bounds import model_config_file
 from gspo_cli.recipe.inputs import LoraConfig
@@ -47,9 +48,12 @@ def early_target_problem(recipe: Recipe) -> str | None:
     lora, path = recipe.model.lora, recipe.model.path
     if not lora.r or isinstance(lora.target_modules, str) or recipe.model.trust_remote_code:
         return None
+    if _is_gguf(path):  # its converted folder (converted now if need be: training would)
+        path = hf_path(path, what="model.path")
     file = None if path.startswith(BUILTIN_MODEL_PREFIX) else model_config_file(path)
     skeleton = model_skeleton(path, file.parent if file is not None else None)
-    return None if skeleton is None else target_problem(skeleton, lora.target_modules, path)
+    label = recipe.model.path
+    return None if skeleton is None else target_problem(skeleton, lora.target_modules, label)
 
 
 def base_name(recipe: Recipe, run_dir: Path) -> str:

@@ -197,3 +197,16 @@ def test_a_lora_run_on_the_real_model_trains_adapters_and_evaluates(
     )  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert json.loads((tmp_path / "eval" / "results.json").read_text())
+
+
+def test_a_lora_target_the_real_model_lacks_is_one_line_at_validate(tmp_path: Path) -> None:
+    from tests.helpers import invoke_cli, write_recipe
+
+    recipe = write_recipe(
+        tmp_path, {"model": {"path": SMOLLM2, "lora": {"r": 4, "target_modules": ["c_attn"]}}}
+    )
+    result = invoke_cli("validate", str(recipe))
+    assert result.returncode == 2
+    assert "builtin:smollm2-135m has no module 'c_attn'; its linear modules are q_proj" in (
+        result.stderr
+    )
