@@ -9,6 +9,7 @@ atomically (a temporary folder, then one rename), and every later use loads that
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -62,9 +63,17 @@ def wheel_gguf(name: str) -> Path:
 
 
 def file_digest(path: Path) -> str:
-    """The SHA-256 of a file, read in 1 MiB blocks."""
+    """The SHA-256 of a file, read once per process while the file is unchanged (a run resolves
+    its model path before the run folder and again when loading)."""
+    stat = path.stat()
+    return _digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
+    """`size` and `mtime_ns` key the cache only: a rewritten file is read again."""
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
+    with open(path, "rb") as handle:
         while block := handle.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
