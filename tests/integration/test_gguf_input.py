@@ -105,7 +105,21 @@ def _one_line(result: Any, *fragments: str) -> None:
 
 def _eval(model: Path, shared: Path) -> Any:
     gsm8k = str(shared / "benchmarks" / "gsm8k")
-    return invoke_cli("eval", str(model), "--benchmark", "gsm8k", "--data", gsm8k, "--limit", "1")
+    out = model.parent / "eval"
+    result = invoke_cli(
+        "eval",
+        str(model),
+        "--benchmark",
+        "gsm8k",
+        "--data",
+        gsm8k,
+        "--limit",
+        "1",
+        "--out",
+        str(out),
+    )
+    assert not out.exists()  # refused before the output folder was made
+    return result
 
 
 def test_an_unsupported_architecture_is_one_line(
