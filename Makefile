@@ -80,12 +80,13 @@ TRL_ARGS ?=
 # The transformers pin is read from the main venv (built first if missing).
 TRL_TRANSFORMERS = transformers==$$($(BIN)/python -c 'import transformers; print(transformers.__version__)')
 
-$(TRL_VENV)/bin/gspo: pyproject.toml | $(BIN)/gspo
+$(TRL_VENV)/bin/gspo: pyproject.toml requirements-nodeps.txt | $(BIN)/gspo
 	$(PYTHON) -m venv $(TRL_VENV)
 	$(TRL_VENV)/bin/pip install --quiet --upgrade pip
 	$(TRL_VENV)/bin/pip install --quiet "$(TORCH_SPEC)"
 	$(TRL_VENV)/bin/pip install --quiet "$(TRL_SPEC)" "$(TORCH_SPEC)" "$(TRL_TRANSFORMERS)"
 	$(TRL_VENV)/bin/pip install --quiet -e . "$(TORCH_SPEC)" "$(TRL_TRANSFORMERS)"
+	$(TRL_VENV)/bin/pip install --quiet --no-deps -r requirements-nodeps.txt
 	touch $(TRL_VENV)/bin/gspo
 
 # OMP_NUM_THREADS=1: one thread per framework process, the figures the README records.
