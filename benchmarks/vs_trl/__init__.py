@@ -75,8 +75,13 @@ nothing.
 Shapes: tiny-dense and tiny-moe (the built-in models, fixed L=32) and dense-103m (a Qwen3 of
 103M parameters with Qwen's 151,936-token vocabulary and a WordLevel tokenizer, built offline
 from a config, fixed L=64; 65 to 100 s a cycle per side on one CPU thread, about 11 minutes for
-`--shapes dense-103m --rounds 1`). Prompts are 16 tokens (quickstart: its own), the same 8 on
-every side. TRL's
+`--shapes dense-103m --rounds 1`), and the real model: smollm2-135m (SmolLM2-135M-Instruct,
+`builtin:smollm2-135m`: its own byte-level BPE tokenizer, vocabulary 49,152; fixed L=48, the
+max_new_tokens of recipes/real/) and smollm2-135m-lora (the same, every side training LoRA
+adapters of rank 16, alpha 32 on all linear layers, as recipes/real/smollm2-arithmetic-lora.yaml:
+gspo-cli through the recipe's `model.lora`, TRL through `peft_config`, the floor through peft's
+`get_peft_model`). Its prompts are 16 real tokens, lower-case words of its vocabulary drawn at
+random. Prompts are 16 tokens (quickstart: its own), the same 8 on every side. TRL's
 timing starts at the first update's `on_step_begin` (its generation is inside) and stops at
 the fourth's `on_step_end`.
 

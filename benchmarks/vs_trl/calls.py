@@ -22,7 +22,7 @@ class Calls:
         cls = type(model)
         cls.generate = self.counted(cls.generate)  # TRL patches the instance's forward only
         model.base_model.register_forward_hook(self._forward)  # TRL's fused head calls it too
-        model.base_model.norm.weight.register_hook(self._backward)  # once per backward
+        self.model, self.armed = model, False
         register_optimizer_step_post_hook(self._step)
 
     def counted(self, generate: Any) -> Any:
@@ -54,6 +54,23 @@ class Calls:
         else:
             self.counts["forward"] += 1
             self.counts["forward tokens"] += output.last_hidden_state.shape[:2].numel()
+            self._arm_backward()
+
+    def _arm_backward(self) -> None:
+        """A hook on one trainable weight counts backward passes: its gradient is accumulated
+        once per backward however often it is used. Armed at the first forward outside
+        `generate`, once every side has made its weights trainable or frozen (LoRA: peft
+        freezes the model, so the final norm's weight, the full shapes' choice, gets none)."""
+        if self.armed:
+            return
+        norm = self.model.base_model.norm.weight
+        trainable = (
+            norm
+            if norm.requires_grad
+            else next(p for p in self.model.parameters() if p.requires_grad)
+        )
+        trainable.register_hook(self._backward)
+        self.armed = True
 
     def _backward(self, grad: torch.Tensor) -> None:
         self.counts["backward"] += 1

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from cycle import MINIBATCHES, PROMPTS, ROWS, SAMPLES
 
-from .shapes import CLIP_HIGH, CLIP_LOW, LR, MAX_GRAD_NORM, Shape
+from .shapes import CLIP_HIGH, CLIP_LOW, LR, MAX_GRAD_NORM, Shape, peft_lora_config
 from .workloads import Rewards, length_processor, max_new_tokens, workload_prompts
 
 
@@ -23,7 +23,12 @@ class FloorSide:
         self.processors = [] if processor is None else [processor]
         texts, answers = workload_prompts(tokenizer, workload)
         self.rewards = Rewards(workload, answers)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+        if shape.lora:  # peft puts its layers into `model` in place and freezes the rest
+            from peft import get_peft_model
+
+            get_peft_model(model, peft_lora_config())
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=LR)
         ids = [tokenizer(t)["input_ids"] for t in texts]
         self.prompts = torch.tensor([p for p in ids for _ in range(SAMPLES)])  # [64, P]
         self.width = self.prompts.shape[1]  # P: every prompt has it (no padding)
@@ -60,7 +65,7 @@ class FloorSide:
         return seq
 
     def cycle(self) -> dict[str, Any]:
-        model, tokenizer = self.model, self.tokenizer
+        tokenizer = self.tokenizer
         seq = self._generate()  # [64, P + T]
         new = seq[:, self.width :]  # [64, T]
         is_eos = new == int(tokenizer.eos_token_id)
@@ -86,7 +91,7 @@ class FloorSide:
             clipped = ratio.clamp(1 - CLIP_LOW, 1 + CLIP_HIGH)
             loss = -torch.minimum(ratio * adv[rows], clipped * adv[rows]).mean()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+            torch.nn.utils.clip_grad_norm_(self.params, MAX_GRAD_NORM)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return self.rewards.result(prompts, lengths.tolist())

@@ -1,6 +1,6 @@
 """gspo-cli's side: `rl_step` with TorchEngine and HFGenerateEngine (the length processor
 through its `extra_processors`; no MoE volatility probe on the equal-work side, through
-`StepSettings.measure_volatility`)."""
+`StepSettings.measure_volatility`; on a LoRA shape, the recipe's `model.lora`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from cycle import MINIBATCHES, PROMPTS, SAMPLES
 
 from .calls import Calls
-from .shapes import LR, MAX_GRAD_NORM, Shape
+from .shapes import LORA_ALPHA, LORA_R, LORA_TARGETS, LR, MAX_GRAD_NORM, Shape
 from .workloads import Rewards, length_processor, max_new_tokens, workload_prompts
 
 
@@ -41,8 +41,10 @@ class GspoSide:
         from gspo_cli.train.step import StepSettings
 
         lengths = length_processor(tokenizer, workload)
+        lora = {"r": LORA_R, "alpha": LORA_ALPHA, "target_modules": LORA_TARGETS}
         recipe = Recipe.model_validate(
             {
+                "model": {"lora": lora if shape.lora else {"r": 0}},
                 "algorithm": {"name": "gspo", "minibatches": MINIBATCHES},
                 "optimizer": {"lr": LR, "max_grad_norm": MAX_GRAD_NORM},
                 "trainer": {"share_prompts": skip},  # equal work: a prompt per response

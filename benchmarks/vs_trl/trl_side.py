@@ -11,7 +11,7 @@ from cycle import MINIBATCHES, ROWS, SAMPLES
 
 from .calls import Calls
 from .channel import Channel
-from .shapes import CLIP_HIGH, CLIP_LOW, LR, MAX_GRAD_NORM, Shape
+from .shapes import CLIP_HIGH, CLIP_LOW, LR, MAX_GRAD_NORM, Shape, peft_lora_config
 from .workloads import Rewards, length_processor, max_new_tokens, workload_prompts
 
 
@@ -104,5 +104,6 @@ def run_trl(
             train_dataset=Dataset.from_dict({"prompt": texts}),
             processing_class=tokenizer,
             callbacks=[Lockstep()],
+            peft_config=peft_lora_config() if shape.lora else None,
         )
         trainer.train()

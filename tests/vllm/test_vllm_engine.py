@@ -16,8 +16,12 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 from gspo_cli.models import load_policy
 from gspo_cli.models.forward.batch import build_train_batch, pad_logprobs
 from gspo_cli.models.forward.logprobs import response_logprobs
+from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import EngineSpec, SamplingParams, make_rollout_engine
 from gspo_cli.rollout.base import RolloutBatch
+from gspo_cli.train.distributed import LOCAL
+from gspo_cli.train.engine import TorchEngine
+from gspo_cli.train.engine_settings import engine_settings
 
 PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
 
@@ -37,11 +41,13 @@ def _gap(model, tokenizer, rollout: RolloutBatch, temperature: float) -> float: 
     return float(((trainer - engine).abs() * batch.response_mask).max())
 
 
-def _nudge(model: torch.nn.Module, scale: float, seed: int) -> None:
+def _nudge(model: torch.nn.Module, scale: float, seed: int, only: str = "") -> None:
+    """What an optimiser step does, to the parameters whose names contain `only`."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=generator) * scale)
+        for name, p in model.named_parameters():
+            if only in name:
+                p.add_(torch.randn(p.shape, generator=generator) * scale)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -101,3 +107,28 @@ def test_an_engine_that_cannot_start_is_one_clear_error() -> None:
     with pytest.raises(GspoError, match="vllm cannot start on this model") as info:
         _engine(model, tokenizer, kv_cache_gb=100_000)  # more memory than the machine has
     assert "\n" not in str(info.value)
+
+
+def test_lora_adapters_reach_the_engine_and_follow_each_sync() -> None:
+    """A LoRA run's vLLM engine samples from base + adapters (the trainer's merged weights,
+    `full_weights`), and from the new adapters after a sync."""
+    model, tokenizer = load_policy("builtin:tiny-dense", seed=6)
+    recipe = Recipe.model_validate({"model": {"lora": {"r": 4, "alpha": 8}}})
+    trainer = TorchEngine(model, engine_settings(recipe), LOCAL)
+    assert trainer.adapters is not None
+    _nudge(trainer.model, 0.2, seed=7, only="lora_")  # fresh adapters (B = 0) change nothing
+    spec = EngineSpec(trainer.model, tokenizer, trainer.full_weights, seed=0, options={})
+    engine = make_rollout_engine("vllm", spec)
+    try:
+        params = SamplingParams(1.0, 1.0, 0, 16, 2, logprobs=True)
+        engine.sync_weights()  # the first sync after a start is free
+        adapted = engine.generate(PROMPTS, params, seeds=[1, 2, 3])
+        assert _gap(trainer.model, tokenizer, adapted, 1.0) < 1e-5
+        with trainer.adapters.disabled():  # the base alone scores these samples differently
+            assert _gap(trainer.model, tokenizer, adapted, 1.0) > 1e-3
+        _nudge(trainer.model, 0.2, seed=8, only="lora_")  # an optimiser step on the adapters
+        engine.sync_weights()
+        fresh = engine.generate(PROMPTS, params, seeds=[1, 2, 3])
+        assert _gap(trainer.model, tokenizer, fresh, 1.0) < 1e-5
+    finally:
+        engine.close()
