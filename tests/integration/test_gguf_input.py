@@ -140,6 +140,16 @@ def test_a_truncated_gguf_is_refused_before_training_writes_anything(tmp_path: P
     assert list(out.iterdir()) == []  # the lock took the folder; no recipe, no log
 
 
+def test_a_truncated_gguf_is_refused_before_sft_writes_anything(tmp_path: Path) -> None:
+    whole = _write_gguf(tmp_path / "whole.gguf", "llama").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: len(whole) - 64])
+    recipe = write_recipe(tmp_path, {"model": {"path": str(cut)}})
+    out = tmp_path / "run"
+    _one_line(invoke_cli("sft", str(recipe), "--out", str(out)), "cut.gguf is truncated")
+    assert list(out.iterdir()) == []  # the lock took the folder; no recipe, no log
+
+
 def test_a_file_that_is_not_gguf_is_named(tmp_path: Path, shared: Path) -> None:
     fake = tmp_path / "model.gguf"
     fake.write_bytes(b"PK\x03\x04 not a gguf")
