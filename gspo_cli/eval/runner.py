@@ -78,8 +78,10 @@ class EvalSettings:
 
     @property
     def prompt_format(self) -> PromptSettings:
-        """The chat side of the prompts; `prompt_builder` writes the question."""
+        """How `prompt_builder`'s question is asked: `prompt_template` (when set) wraps it, or a
+        conversation's last user turn, as in training (data/prompts.py)."""
         return PromptFormat(
+            prompt_template="{prompt}" if self.prompt_template is None else self.prompt_template,
             system_prompt=self.system_prompt,
             chat_template=self.chat_template,
             chat_template_kwargs=self.chat_template_kwargs,
@@ -181,10 +183,11 @@ def _sample_and_judge(
 
 
 def prompt_builder(template: str | None) -> Callable[[Problem], str]:
-    """The benchmark's own prompt (None), or `template` around the bare question."""
+    """The benchmark's own prompt (None), or the bare question, which `template` then wraps
+    through `EvalSettings.prompt_format` (as training wraps it, conversations included)."""
     if template is None:
         return build_prompt
-    return lambda problem: template.format(prompt=problem.question)
+    return lambda problem: problem.question
 
 
 def _registered_engine(settings: EvalSettings) -> EngineFactory:
