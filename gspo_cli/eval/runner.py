@@ -30,7 +30,7 @@ from gspo_cli.eval.progress import EvalProgress
 from gspo_cli.eval.scoring import score_samples
 from gspo_cli.eval.summary import codeforces_elo, summarize
 from gspo_cli.models import load_policy
-from gspo_cli.models.loading import hf_path
+from gspo_cli.models.loading import convert_first
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
 from gspo_cli.run_folder import (
@@ -107,7 +107,8 @@ def run_eval(
     engine_factory: EngineFactory | None = None,
 ) -> dict[str, Any]:
     model_path = resolve_checkpoint(settings.checkpoint)  # cheap checks first
-    hf_path(model_path, what="checkpoint")  # a GGUF converts (or fails) before `out` is touched
+    # a GGUF (or a LoRA checkpoint's GGUF base) converts or fails before `out` is touched
+    convert_first(model_path, what="checkpoint")
     problems = load_benchmark(
         settings.benchmark,
         settings.data,
