@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any, Literal
 
+from gspo_cli.data.formats import SOLUTION_KEY, split_conversation
 from gspo_cli.data.testcases import TestCase, merge_tests, parse_tests
 
 Kind = Literal["math", "code"]
@@ -327,9 +328,11 @@ def parse_codeforces(row: Mapping[str, Any], index: int, benchmark: str) -> Prob
 
 # ----------------------------------------------------------------------------- custom
 
+QUESTION_COLUMNS = ("question", "problem", "prompt")  # a custom row's question, first found
 CUSTOM_FIELDS = (
     "id",
     "question",
+    "messages",
     "answer",
     "tests",
     "starter_code",
@@ -340,21 +343,47 @@ CUSTOM_FIELDS = (
 
 
 def parse_custom(row: Mapping[str, Any], index: int, benchmark: str) -> Problem:
-    """Any file whose columns were renamed to CUSTOM_FIELDS: `tests` makes it code, else maths."""
+    """Any file whose columns were renamed to CUSTOM_FIELDS: `tests` makes it code, else maths.
+    A conversational row (`_custom_question`) is asked as its turns, rendered at evaluation."""
     tests = tuple(parse_tests(row["tests"])) if row.get("tests") is not None else None
     answer = row.get("answer")
     if tests is None and (answer is None or str(answer).strip() == ""):
         raise ValueError(f"needs an 'answer' or 'tests' column (map one); has {sorted(row)}")
     raw_id = row.get("id")
+    question, turns, target = _custom_question(row)
     return Problem(
         id=str(raw_id) if raw_id is not None else f"{benchmark}-{index}",
         benchmark=benchmark,
         kind="code" if tests is not None else "math",
-        question=_text(row, "question", "problem", "prompt"),
+        question=question,
         answer=None if tests is not None else str(answer),
         tests=tests,
         starter_code=str(row.get("starter_code") or ""),
         contest_date=_to_date(row.get("contest_date")),
         difficulty=_level(row.get("difficulty")),
         rating=_rating(row.get("rating")),
+        metadata={} if target is None else {SOLUTION_KEY: target},
+        messages=turns,
     )
+
+
+def _custom_question(
+    row: Mapping[str, Any],
+) -> tuple[str, tuple[dict[str, Any], ...] | None, str | None]:
+    """(question, turns or None, final assistant turn or None) of a custom row. TRL's
+    conversational rows (a `messages` column, or a question column holding {role, content}
+    messages) are checked and split as training data are (data/formats.py); the question of a
+    conversation is its last user turn."""
+    value = row["messages"] if row.get("messages") is not None else first(row, *QUESTION_COLUMNS)
+    if row.get("messages") is None and (value is None or isinstance(value, str)):
+        return _text(row, *QUESTION_COLUMNS), None, None  # `_text` says what is missing
+    prompt, target = split_conversation(value)
+    if isinstance(prompt, str):  # a `messages` column that holds text: a plain question
+        return _text({"messages": prompt}, "messages"), None, None
+    return _last_user_turn(prompt), tuple(prompt), target
+
+
+def _last_user_turn(turns: list[dict[str, Any]]) -> str:
+    """What a conversation asks, as its `question` (for records and `--prompt-template`)."""
+    users = [str(turn["content"]) for turn in turns if turn["role"] == "user"]
+    return users[-1] if users else str(turns[-1]["content"])

@@ -10,6 +10,8 @@ from typing import Any, Protocol
 
 from gspo_cli.data.arithmetic import ArithmeticSettings, arithmetic_split
 from gspo_cli.data.benchmarks import build_prompt, load_benchmark
+from gspo_cli.data.problems import Problem
+from gspo_cli.data.prompts import Prompt
 from gspo_cli.errors import GspoError
 from gspo_cli.registry import UnknownNameError
 
@@ -102,9 +104,14 @@ def benchmark_rows(name: str, path: str | None = None) -> list[dict[str, Any]]:
     except UnknownNameError as exc:
         raise GspoError(f"data.source: {exc}") from None
     return [
-        {"prompt": build_prompt(p), "answer": p.answer, "tests": p.tests, "id": p.id}
-        for p in problems
+        {"prompt": _prompt(p), "answer": p.answer, "tests": p.tests, "id": p.id} for p in problems
     ]
+
+
+def _prompt(problem: Problem) -> Prompt:
+    """A problem as a training prompt: a conversation's turns (the `custom` benchmark reads
+    TRL's conversational rows), else the question in its benchmark's words."""
+    return list(problem.messages) if problem.messages is not None else build_prompt(problem)
 
 
 def _load_dataset_rows(source: str, split: str) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ from gspo_cli.eval.progress import EvalProgress
 from gspo_cli.eval.scoring import score_samples
 from gspo_cli.eval.summary import codeforces_elo, summarize
 from gspo_cli.models import load_policy
-from gspo_cli.models.loading import hf_path
+from gspo_cli.models.loading import convert_first
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
 from gspo_cli.run_folder import (
@@ -78,8 +78,10 @@ class EvalSettings:
 
     @property
     def prompt_format(self) -> PromptSettings:
-        """The chat side of the prompts; `prompt_builder` writes the question."""
+        """How `prompt_builder`'s question is asked: `prompt_template` (when set) wraps it, or a
+        conversation's last user turn, as in training (data/prompts.py)."""
         return PromptFormat(
+            prompt_template="{prompt}" if self.prompt_template is None else self.prompt_template,
             system_prompt=self.system_prompt,
             chat_template=self.chat_template,
             chat_template_kwargs=self.chat_template_kwargs,
@@ -105,7 +107,8 @@ def run_eval(
     engine_factory: EngineFactory | None = None,
 ) -> dict[str, Any]:
     model_path = resolve_checkpoint(settings.checkpoint)  # cheap checks first
-    hf_path(model_path, what="checkpoint")  # a GGUF converts (or fails) before `out` is touched
+    # a GGUF (or a LoRA checkpoint's GGUF base) converts or fails before `out` is touched
+    convert_first(model_path, what="checkpoint")
     problems = load_benchmark(
         settings.benchmark,
         settings.data,
@@ -181,10 +184,11 @@ def _sample_and_judge(
 
 
 def prompt_builder(template: str | None) -> Callable[[Problem], str]:
-    """The benchmark's own prompt (None), or `template` around the bare question."""
+    """The benchmark's own prompt (None), or the bare question, which `template` then wraps
+    through `EvalSettings.prompt_format` (as training wraps it, conversations included)."""
     if template is None:
         return build_prompt
-    return lambda problem: template.format(prompt=problem.question)
+    return lambda problem: problem.question
 
 
 def _registered_engine(settings: EvalSettings) -> EngineFactory:

@@ -16,8 +16,19 @@ from transformers.utils import logging as hf_logging
 
 from gspo_cli.errors import GspoError
 from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX, BUILTIN_MODELS, create_builtin
-from gspo_cli.models.gguf import GGUF_SUFFIX, PRETRAINED_BUILTINS, hf_folder_of, wheel_gguf
-from gspo_cli.models.lora import adapter_base, is_adapter_folder, merge_adapters
+from gspo_cli.models.gguf import (
+    GGUF_SUFFIX,
+    PRETRAINED_BUILTINS,
+    file_digest,
+    hf_folder_of,
+    wheel_gguf,
+)
+from gspo_cli.models.lora import (
+    adapter_base,
+    check_base_sha256,
+    is_adapter_folder,
+    merge_adapters,
+)
 
 hf_logging.disable_progress_bar()  # gspo's own display reports progress
 
@@ -53,6 +64,7 @@ def load_policy(
     is its base model with the adapters merged in."""
     if is_adapter_folder(Path(path).expanduser()):
         base = adapter_base(Path(path).expanduser())
+        check_gguf_base(Path(path).expanduser(), base)
         model, tokenizer = load_policy(
             base,
             dtype=dtype,
@@ -102,12 +114,38 @@ def load_policy(
 def hf_path(path: str, *, what: str = "model.path") -> str:
     """`path` with a GGUF (a `.gguf` file, or a pretrained built-in shipped as one) replaced by
     its converted HF folder; other paths unchanged."""
+    file = gguf_file(path)
+    return path if file is None else str(hf_folder_of(file, what=what))
+
+
+def gguf_file(path: str) -> Path | None:
+    """The GGUF file behind a model path: a `.gguf` path, or a pretrained built-in's file in its
+    wheel; None for any other path."""
     name = path.removeprefix(BUILTIN_MODEL_PREFIX)
     if path.startswith(BUILTIN_MODEL_PREFIX) and name in PRETRAINED_BUILTINS:
-        return str(hf_folder_of(wheel_gguf(name), what=what))
-    if path.endswith(GGUF_SUFFIX):
-        return str(hf_folder_of(Path(path).expanduser(), what=what))
-    return path
+        return wheel_gguf(name)
+    return Path(path).expanduser() if path.endswith(GGUF_SUFFIX) else None
+
+
+def check_gguf_base(folder: Path, base: str) -> None:
+    """The GGUF base of the adapters in `folder` must be the file they were trained on (the
+    SHA-256 they recorded, if any). A missing file is left to the loader's own line."""
+    file = gguf_file(base)
+    if file is not None and file.is_file():
+        check_base_sha256(folder, file, file_digest(file))
+
+
+def convert_first(path: str, *, what: str) -> None:
+    """What can fail about `path` before it is loaded, done before a command writes anything:
+    its GGUF converted (or refused), or, for a folder of LoRA adapters, its base checked and
+    converted."""
+    local = Path(path).expanduser()
+    if not is_adapter_folder(local):
+        hf_path(path, what=what)
+        return
+    base = adapter_base(local)
+    check_gguf_base(local, base)
+    hf_path(base, what=f"{what} (the base model of the adapters in {path})")
 
 
 def hub_unavailable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> str | None:

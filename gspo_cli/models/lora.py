@@ -11,6 +11,8 @@ evaluation and export).
 A folder of adapters names its base model in `adapter_config.json` (`base_model_name_or_path`):
 a hub id, or the absolute path of a folder. `adapter_base` reads it back, and finds a base that
 lived in a run folder moved since (the checkpoint's run folder holds it under the same name).
+A GGUF base (a `.gguf` path, or a pretrained built-in) is named, not copied, so its SHA-256 is
+saved beside the adapters (GGUF_BASE) and `check_base_sha256` refuses a file replaced since.
 """
 
 from __future__ import annotations
@@ -28,7 +30,14 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from gspo_cli.errors import GspoError
-from gspo_cli.run_folder import ADAPTER_CONFIG, ADAPTER_WEIGHTS, CHECKPOINTS, HF_CONFIG
+from gspo_cli.run_folder import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    CHECKPOINTS,
+    GGUF_BASE,
+    HF_CONFIG,
+    write_text_atomic,
+)
 
 ALL_LINEAR = "all-linear"  # peft: every linear layer but the output head
 ADAPTER = "default"  # peft's name of a model's one adapter
@@ -95,6 +104,7 @@ class Adapters:
     def __init__(self, wrapped: Any) -> None:
         self.peft = wrapped  # peft.PeftModel
         self.model: PreTrainedModel = wrapped.get_base_model()
+        self.base_sha256: str | None = None  # of a GGUF base: saved, and checked on load
 
     @classmethod
     def add(
@@ -142,9 +152,22 @@ class Adapters:
         trainable, total = self.peft.get_nb_trainable_parameters()
         return int(trainable), int(total)
 
-    def name_base(self, base: str) -> None:
-        """What saved adapters name as their base model (`base_model_name_or_path`)."""
+    def name_base(self, base: str, sha256: str | None = None) -> None:
+        """What saved adapters name as their base model (`base_model_name_or_path`) and, for
+        a GGUF base, the SHA-256 of its file (a name alone would follow a replaced file)."""
         self.peft.peft_config[ADAPTER].base_model_name_or_path = base
+        self.base_sha256 = sha256
+
+    @property
+    def base(self) -> str:
+        """The base model saved adapters name."""
+        return str(self.peft.peft_config[ADAPTER].base_model_name_or_path)
+
+    def check_base(self, folder: Path) -> None:
+        """On resume: the adapters saved in `folder` were trained on this base, the GGUF file as
+        it is now (when both digests are known)."""
+        if self.base_sha256 is not None:
+            check_base_sha256(folder, self.base, self.base_sha256)
 
     def save(self, folder: Path, weights: dict[str, torch.Tensor] | None = None) -> None:
         """`adapter_config.json` and `adapter_model.safetensors` in `folder` (peft's
@@ -156,12 +179,16 @@ class Adapters:
         # the vocabulary is never resized here: no embedding layers to save, and no lookup of
         # the base's config (a built-in or GGUF name is not a folder peft can read)
         self.peft.save_pretrained(str(folder), state_dict=weights, save_embedding_layers=False)
+        if self.base_sha256 is not None:
+            record = {"base_model_name_or_path": self.base, "sha256": self.base_sha256}
+            write_text_atomic(folder / GGUF_BASE, json.dumps(record, indent=1) + "\n")
 
     def load(self, folder: Path) -> None:
         """The adapter weights of `folder`, which must be exactly this model's adapters."""
         from peft import get_peft_model_state_dict, set_peft_model_state_dict
         from safetensors.torch import load_file
 
+        self.check_base(folder)
         file = folder / ADAPTER_WEIGHTS
         try:
             weights = load_file(str(file))
@@ -230,6 +257,34 @@ def adapter_base(folder: Path) -> str:
         if (moved / HF_CONFIG).is_file():
             return str(moved)
     return base
+
+
+def recorded_base_sha256(folder: Path) -> str | None:
+    """The SHA-256 of the GGUF base the adapters in `folder` were saved on; None when none was
+    recorded (a base that is no GGUF, or adapters saved before digests were)."""
+    file = folder / GGUF_BASE
+    if not file.is_file():
+        return None
+    try:
+        record = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GspoError(f"cannot read {file}: {exc}") from None
+    sha256 = record.get("sha256") if isinstance(record, dict) else None
+    if not isinstance(sha256, str) or not sha256:
+        raise GspoError(f"{file} records no SHA-256 of the base model (sha256)")
+    return sha256
+
+
+def check_base_sha256(folder: Path, base: str | Path, sha256: str) -> None:
+    """Refuse to put the adapters in `folder` on the GGUF `base` whose file now has `sha256`
+    when they recorded another: a replaced file would silently change the model they adapt."""
+    recorded = recorded_base_sha256(folder)
+    if recorded is not None and recorded != sha256:
+        raise GspoError(
+            f"{base} has changed since the adapters in {folder} were trained on it: its SHA-256 "
+            f"was {recorded[:12]}, it is {sha256[:12]} now; put the original file back, or "
+            "train new adapters"
+        )
 
 
 def _unwrapped(name: str) -> str:

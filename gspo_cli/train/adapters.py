@@ -1,7 +1,7 @@
 """LoRA in a training run (`model.lora`; the peft side is models/lora.py): each engine adds the
 adapters to the model it wraps and trains only them, the KL reference is that same model with
 them switched off (reference.BaseReference), and checkpoints hold the adapters and name the
-base model.
+base model (a GGUF base with its file's SHA-256, which loading the adapters checks).
 
 The base model is the policy RL starts from: the cold-start result when the cold start is on
 (saved in the run folder anyway), else the recipe's model. A hub id or a local folder is named
@@ -20,8 +20,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import SAFE_WEIGHTS_NAME as WEIGHTS_NAME
 
 from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX
-from gspo_cli.models.gguf import GGUF_SUFFIX, PRETRAINED_BUILTINS
-from gspo_cli.models.loading import hf_path
+from gspo_cli.models.gguf import GGUF_SUFFIX, PRETRAINED_BUILTINS, file_digest
+from gspo_cli.models.loading import gguf_file, hf_path
 from gspo_cli.models.lora import Adapters, model_skeleton, target_problem
 from gspo_cli.recipe.bounds import model_config_file
 from gspo_cli.recipe.inputs import LoraConfig
@@ -67,6 +67,15 @@ def base_name(recipe: Recipe, run_dir: Path) -> str:
         return str((run_dir / LORA_BASE).resolve())
     local = Path(recipe.model.path).expanduser()
     return str(local.resolve()) if local.is_dir() else recipe.model.path
+
+
+def base_sha256(recipe: Recipe) -> str | None:
+    """The SHA-256 of the GGUF file a LoRA run's base is rebuilt from (`base_name` names it),
+    saved with the adapters so that a replaced file is refused; None for any other base."""
+    if recipe.cold_start.enabled or not _is_gguf(recipe.model.path):
+        return None
+    file = gguf_file(recipe.model.path)
+    return None if file is None else file_digest(file)  # cached: the run just converted it
 
 
 def _is_gguf(path: str) -> bool:

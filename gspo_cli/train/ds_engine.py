@@ -177,6 +177,8 @@ class DeepSpeedEngine:
         self.ds.save_checkpoint(str(folder / "deepspeed"), tag="state")
 
     def load_state(self, folder: Path) -> None:
+        if self.adapters is not None:  # DeepSpeed loads the adapters itself: check their base
+            self.adapters.check_base(folder)
         path, _ = self.ds.load_checkpoint(
             str(folder / "deepspeed"), tag="state", load_module_strict=False
         )

@@ -21,6 +21,7 @@ import torch
 from rich.console import Console
 
 from gspo_cli.errors import GspoError
+from gspo_cli.models.loading import convert_first
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.code.isolation import allow_weak_isolation
 from gspo_cli.rewards.math_verifier import MathVerifierPool
@@ -317,6 +318,8 @@ def run_sft_only(
     """`gspo sft`: the cold start alone, saved as an HF checkpoint, with held-out accuracy."""
     console = console or Console()
     allow_weak_isolation(recipe.reward.sandbox.allow_weak_isolation)  # held-out code problems
+    # a GGUF (or a LoRA checkpoint's GGUF base) is converted or refused before the run folder
+    convert_first(recipe.model.path, what="model.path")
     prepare_run_dir(run_dir, False, recipe_yaml)
     device = resolve_device(recipe.trainer.device)
     model, tokenizer = load_recipe_model(recipe)

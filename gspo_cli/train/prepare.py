@@ -19,14 +19,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gspo_cli.data.problems import Problem
 from gspo_cli.engines import ROLLOUT_ENGINES, TRAIN_ENGINES
 from gspo_cli.models import load_policy
-from gspo_cli.models.loading import hf_path
+from gspo_cli.models.loading import convert_first
 from gspo_cli.models.lora import Adapters
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
 from gspo_cli.run_folder import CHECKPOINTS, COLD_START, step_folder
-from gspo_cli.train.adapters import base_name, save_builtin_base, trainable_line
+from gspo_cli.train.adapters import base_name, base_sha256, save_builtin_base, trainable_line
 from gspo_cli.train.checkpoint import latest_checkpoint, save_checkpoint
 from gspo_cli.train.cold_start import load_recipe_model, run_cold_start
 from gspo_cli.train.device import resolve_device
@@ -133,7 +133,8 @@ def prepare_run(
     if TRAIN_ENGINES.get(recipe.trainer.engine).several_processes:
         init_process_group(ctx, device)
     console = (console or Console()) if ctx.is_main else Console(quiet=True)
-    hf_path(recipe.model.path)  # a GGUF is converted (or refused) before the run folder exists
+    # a GGUF (or a LoRA checkpoint's GGUF base) is converted or refused before the run folder
+    convert_first(recipe.model.path, what="model.path")
     changes = _open_run_dir(run_dir, resume, recipe_yaml, ctx)
     console.print(f"run folder: {run_dir}", highlight=False)  # first, so a user can look in
     for line in changes:
@@ -275,7 +276,7 @@ def _lora_start(
 ) -> FrozenPolicy | None:
     """A LoRA run's start: its checkpoints name their base, it says what trains, and the KL
     reference (when the penalty is on) is the base: the engine's model with adapters off."""
-    adapters.name_base(base_name(recipe, run_dir))
+    adapters.name_base(base_name(recipe, run_dir), base_sha256(recipe))
     console.print(trainable_line(adapters, recipe.model.lora), highlight=False, soft_wrap=True)
     return BaseReference(engine, adapters) if recipe.algorithm.kl_coef else None
 

