@@ -132,6 +132,39 @@ def test_an_unsupported_architecture_is_one_line(
     assert list((private_cache / "gguf").iterdir()) == []
 
 
+def test_an_unsupported_quantisation_is_one_line(
+    tmp_path: Path, private_cache: Path, shared: Path
+) -> None:
+    """A llama GGUF complete enough for transformers to reach its tensors, one of them Q8_K:
+    a type gguf-py has no dequantiser for."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+
+    path = tmp_path / "q8k.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_context_length(64)
+    writer.add_embedding_length(256)  # one Q8_K block per row
+    writer.add_feed_forward_length(512)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(4)
+    writer.add_vocab_size(8)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(list("abcdefgh"))
+    writer.add_token_merges([])
+    writer.add_token_types([1] * 8)
+    writer.add_token_scores([0.0] * 8)
+    writer.add_eos_token_id(0)
+    block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_K][1]
+    rows = np.zeros((8, block_bytes), dtype=np.uint8)
+    writer.add_tensor("token_embd.weight", rows, raw_dtype=GGMLQuantizationType.Q8_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    _one_line(_eval(path, shared), "q8k.gguf", "Q8_K")
+    assert list((private_cache / "gguf").iterdir()) == []
+
+
 def test_a_truncated_gguf_is_refused_before_training_writes_anything(tmp_path: Path) -> None:
     whole = _write_gguf(tmp_path / "whole.gguf", "llama").read_bytes()
     cut = tmp_path / "cut.gguf"
