@@ -5,10 +5,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 from gspo_cli.errors import GspoError
+from gspo_cli.models import load_policy
 from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX
 from gspo_cli.models.gguf import GGUF_SUFFIX
-from gspo_cli.run_folder import ADAPTER_CONFIG, CHECKPOINTS, COLD_START, HF_CONFIG, LATEST
+from gspo_cli.models.lora import is_adapter_folder
+from gspo_cli.run_folder import (
+    ADAPTER_CONFIG,
+    CHECKPOINTS,
+    COLD_START,
+    HF_CONFIG,
+    LATEST,
+    RECIPE,
+)
 
 
 def is_checkpoint(folder: Path) -> bool:
@@ -40,3 +52,27 @@ def resolve_checkpoint(name: str) -> str:
         f"{name} is neither an HF checkpoint (config.json), LoRA adapters "
         f"(adapter_config.json), a .gguf file nor a run folder"
     )
+
+
+def run_dtype(checkpoint: Path) -> str:
+    """The dtype the run of `checkpoint` trained in (its recipe.yaml's model.dtype): where LoRA
+    adapters are merged into their base, at the adapters' own precision; float32 when unknown."""
+    recipe = checkpoint.parent.parent / RECIPE
+    if checkpoint.parent.name != CHECKPOINTS or not recipe.is_file():
+        return "float32"
+    try:
+        data = yaml.safe_load(recipe.read_text(encoding="utf-8"))
+        dtype = data["model"]["dtype"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return "float32"
+    return dtype if dtype in ("float32", "bfloat16") else "float32"
+
+
+def load_for_eval(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """What `gspo eval` scores, computed in float32. LoRA adapters are merged at the run's
+    dtype first, as `gspo export` merges them: evaluating a run and evaluating its export see
+    the very same weights."""
+    local = Path(path).expanduser()
+    dtype = run_dtype(local) if is_adapter_folder(local) else "float32"
+    model, tokenizer = load_policy(path, dtype=dtype, what="checkpoint")
+    return model.float(), tokenizer

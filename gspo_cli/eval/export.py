@@ -14,13 +14,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import yaml
-
 from gspo_cli.errors import GspoError
-from gspo_cli.eval.checkpoints import resolve_checkpoint
+from gspo_cli.eval.checkpoints import resolve_checkpoint, run_dtype
 from gspo_cli.models import load_policy
 from gspo_cli.models.lora import is_adapter_folder
-from gspo_cli.run_folder import CHECKPOINTS, RECIPE, remove_partial, staging
+from gspo_cli.run_folder import remove_partial, staging
 
 TRAINER_FILES = ".pt"  # the suffix of every file of trainer state in a checkpoint
 
@@ -51,7 +49,7 @@ def export_checkpoint(name: str, out: Path) -> Path:
 
 
 def _write_merged(source: Path, folder: Path) -> None:
-    model, tokenizer = load_policy(str(source), dtype=_run_dtype(source), what="export")
+    model, tokenizer = load_policy(str(source), dtype=run_dtype(source), what="export")
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 
@@ -61,17 +59,3 @@ def _copy_hf_files(source: Path, folder: Path) -> None:
     for file in source.iterdir():
         if file.is_file() and file.suffix != TRAINER_FILES:
             shutil.copy2(file, folder / file.name)
-
-
-def _run_dtype(checkpoint: Path) -> str:
-    """The dtype the run of `checkpoint` trained in (its recipe.yaml's model.dtype), so the
-    merge happens at the adapters' own precision; float32 when unknown."""
-    recipe = checkpoint.parent.parent / RECIPE
-    if checkpoint.parent.name != CHECKPOINTS or not recipe.is_file():
-        return "float32"
-    try:
-        data = yaml.safe_load(recipe.read_text(encoding="utf-8"))
-        dtype = data["model"]["dtype"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
-        return "float32"
-    return dtype if dtype in ("float32", "bfloat16") else "float32"

@@ -24,12 +24,11 @@ from gspo_cli.data.benchmarks import build_prompt, load_benchmark
 from gspo_cli.data.problems import Problem
 from gspo_cli.data.prompts import PLAIN, PromptFormat, PromptSettings
 from gspo_cli.errors import GspoError
-from gspo_cli.eval.checkpoints import resolve_checkpoint
+from gspo_cli.eval.checkpoints import load_for_eval, resolve_checkpoint
 from gspo_cli.eval.codeelo import load_standings_cache
 from gspo_cli.eval.progress import EvalProgress
 from gspo_cli.eval.scoring import score_samples
 from gspo_cli.eval.summary import codeforces_elo, summarize
-from gspo_cli.models import load_policy
 from gspo_cli.models.loading import convert_first
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
@@ -144,7 +143,7 @@ def _sample_and_judge(
 ) -> list[dict[str, Any]]:
     """Every problem's record, in order: those in `done` as they are, the others sampled,
     judged and appended to samples.jsonl one by one."""
-    model, tokenizer = load_policy(model_path, what="checkpoint")
+    model, tokenizer = load_for_eval(model_path)
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     engine = (engine_factory or _registered_engine(settings))(model, tokenizer)
     params = SamplingParams(

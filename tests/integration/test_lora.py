@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 from pydantic import ValidationError
 from rich.console import Console
 from safetensors.torch import load_file
@@ -330,6 +331,31 @@ def test_export_writes_a_plain_merged_checkpoint(
     again = invoke_cli("export", str(builtin_lora_run), str(out))
     assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr
     assert "exists and is not empty" in again.stderr
+
+
+def test_eval_and_export_merge_a_bf16_run_alike(builtin_lora_run: Path, tmp_path: Path) -> None:
+    """gspo eval of a LoRA run scores the very weights gspo export writes: both merge at the
+    run's dtype (here its recipe says bfloat16), and eval computes in float32."""
+    from transformers import AutoModelForCausalLM
+
+    from gspo_cli.eval.checkpoints import load_for_eval
+
+    run = tmp_path / "run"
+    shutil.copytree(builtin_lora_run, run)
+    recipe = yaml.safe_load((run / "recipe.yaml").read_text())
+    recipe["model"]["dtype"] = "bfloat16"
+    (run / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    result = invoke_cli("export", str(run), str(tmp_path / "exported"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "exported", dtype=torch.float32)
+    scored, _ = load_for_eval(str(run / "checkpoints" / "step_000002"))
+    theirs, ours = exported.state_dict(), scored.state_dict()
+    assert all(t.dtype == torch.float32 for t in ours.values())
+    assert theirs.keys() == ours.keys()
+    assert all(torch.equal(theirs[key], ours[key]) for key in theirs)
+    in_float32, _ = load_for_eval(str(builtin_lora_run / "checkpoints" / "step_000002"))
+    merged = in_float32.state_dict()
+    assert any(not torch.equal(merged[key], ours[key]) for key in ours)  # the dtype mattered
 
 
 def test_export_of_a_full_fine_tune_copies_its_hf_files(
