@@ -110,8 +110,12 @@ def train(
 ) -> None:
     """Run RL training (cold start first when the recipe enables it)."""
     resolved = load_recipe(recipe, set_)  # a bad recipe fails before the heavy imports below
-    _check_lora(recipe, resolved)
     run_dir = run_dir_of(resolved.trainer.out_dir, resolved.name, out)
+    if resume and resolved.model.lora.r:
+        from gspo_cli.train.resume import check_resumed_base
+
+        check_resumed_base(resolved, run_dir)  # before the target check converts the file
+    _check_lora(recipe, resolved)
     console.print(f"[bold]gspo train[/bold] {_summary(resolved)}", highlight=False)
     with _stop_line(lambda: stop_message(run_dir, sys.argv[1:])), _writer(run_dir, "gspo train"):
         from gspo_cli.train.launch import launch, rank_dies_with_launcher, under_launcher

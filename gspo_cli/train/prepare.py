@@ -26,7 +26,12 @@ from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
 from gspo_cli.run_folder import CHECKPOINTS, COLD_START, step_folder
-from gspo_cli.train.adapters import base_name, base_sha256, save_builtin_base, trainable_line
+from gspo_cli.train.adapters import (
+    base_name,
+    base_sha256,
+    save_builtin_base,
+    trainable_line,
+)
 from gspo_cli.train.checkpoint import latest_checkpoint, save_checkpoint
 from gspo_cli.train.cold_start import load_recipe_model, run_cold_start
 from gspo_cli.train.device import resolve_device

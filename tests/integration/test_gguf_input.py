@@ -200,7 +200,7 @@ def test_the_wheel_missing_says_how_to_install_it(monkeypatch: pytest.MonkeyPatc
 
 
 def test_lora_adapters_refuse_a_gguf_base_replaced_since_they_were_saved(
-    tmp_path: Path, shared: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, shared: Path, monkeypatch: pytest.MonkeyPatch, private_cache: Path
 ) -> None:
     monkeypatch.setattr(gguf, "_load_gguf", lambda path, *, what: create_builtin("tiny-dense", 3))
     base = _write_gguf(tmp_path / "base.gguf", "llama")
@@ -222,10 +222,15 @@ def test_lora_adapters_refuse_a_gguf_base_replaced_since_they_were_saved(
     assert now != was
     fragments = (str(base), f"was {was[:12]}", f"is {now[:12]} now")
     _one_line(_eval(run, shared), *fragments)  # refused before the output folder
+    assert not (private_cache / "gguf" / now[:32]).exists(), "eval"
     exported = tmp_path / "exported"
     _one_line(invoke_cli("export", str(run), str(exported)), *fragments)
     assert not exported.exists()
+    assert not (private_cache / "gguf" / now[:32]).exists(), "export"
+    recipe_yaml = (run / "recipe.yaml").stat().st_mtime_ns
     _one_line(invoke_cli("train", str(recipe), "--out", str(run), "--resume"), *fragments)
+    assert (run / "recipe.yaml").stat().st_mtime_ns == recipe_yaml  # refused before reopening
+    assert not (private_cache / "gguf" / now[:32]).exists()  # and before converting the new file
 
     (checkpoint / GGUF_BASE).unlink()  # adapters saved before digests were: not checked
     load_policy(str(checkpoint))
