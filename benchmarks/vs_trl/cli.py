@@ -12,14 +12,18 @@ from rich.console import Console
 
 from . import __doc__ as ABOUT
 from .rounds import measure
-from .shapes import SHAPES
+from .shapes import DEFAULT_SHAPES, SHAPES
 from .worker import SIDES, worker
 from .workloads import WORKLOADS
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=ABOUT.splitlines()[0])
-    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated")
+    parser.add_argument(
+        "--shapes",
+        default=",".join(DEFAULT_SHAPES),
+        help=f"comma-separated, of {', '.join(SHAPES)} (default: {', '.join(DEFAULT_SHAPES)})",
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated")
     parser.add_argument(

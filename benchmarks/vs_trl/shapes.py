@@ -36,6 +36,9 @@ SHAPES = {
     ),
 }
 
+# a plain `make bench-trl`: the SmolLM2 shapes take about 15 min a shape at 2 rounds
+DEFAULT_SHAPES = ("tiny-dense", "tiny-moe", "dense-103m")
+
 
 def peft_lora_config() -> Any:
     """The LoRA shapes' adapters as peft's config (TRL's `peft_config`, the floor's)."""

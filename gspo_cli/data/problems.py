@@ -373,10 +373,12 @@ def _custom_question(
     """(question, turns or None, final assistant turn or None) of a custom row. TRL's
     conversational rows (a `messages` column, or a question column holding {role, content}
     messages) are checked and split as training data are (data/formats.py); the question of a
-    conversation is its last user turn."""
-    value = row["messages"] if row.get("messages") is not None else first(row, *QUESTION_COLUMNS)
-    if row.get("messages") is None and (value is None or isinstance(value, str)):
+    conversation is its last user turn. A text question wins over a `messages` column (sets
+    such as NuminaMath-CoT ship both: the worked `messages` are not the question)."""
+    question = first(row, *QUESTION_COLUMNS)
+    if isinstance(question, str) or (question is None and row.get("messages") is None):
         return _text(row, *QUESTION_COLUMNS), None, None  # `_text` says what is missing
+    value = question if question is not None else row["messages"]
     prompt, target = split_conversation(value)
     if isinstance(prompt, str):  # a `messages` column that holds text: a plain question
         return _text({"messages": prompt}, "messages"), None, None
@@ -384,6 +386,7 @@ def _custom_question(
 
 
 def _last_user_turn(turns: list[dict[str, Any]]) -> str:
-    """What a conversation asks, as its `question` (for records and `--prompt-template`)."""
+    """What a conversation asks, as its problem's `question` (a conversation is asked as its
+    turns, never as this text)."""
     users = [str(turn["content"]) for turn in turns if turn["role"] == "user"]
     return users[-1] if users else str(turns[-1]["content"])

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 DEFAULT_TEMPLATE = "{prompt}\nPut the final answer in \\boxed{{}}."
+IDENTITY = "{prompt}"  # the question as it is (gspo eval without a template of its own)
 # apply_chat_template's own parameters: as template variables they would change how it renders
 # (or what it returns), not what the template reads.
 RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -87,7 +88,7 @@ def prompt_messages(prompt: Prompt, fmt: PromptSettings) -> list[dict[str, Any]]
     if isinstance(prompt, str):
         return [*system, {"role": "user", "content": fmt.prompt_template.format(prompt=prompt)}]
     messages = [dict(m) for m in prompt]
-    if fmt.prompt_template != DEFAULT_TEMPLATE:
+    if fmt.prompt_template not in (DEFAULT_TEMPLATE, IDENTITY):
         users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
         if not users:
             raise ValueError("data.prompt_template goes into the last user turn; there is none")

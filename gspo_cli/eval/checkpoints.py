@@ -55,8 +55,8 @@ def resolve_checkpoint(name: str) -> str:
 
 
 def run_dtype(checkpoint: Path) -> str:
-    """The dtype the run of `checkpoint` trained in (its recipe.yaml's model.dtype): where LoRA
-    adapters are merged into their base, at the adapters' own precision; float32 when unknown."""
+    """The dtype the run of `checkpoint` trained in (its recipe.yaml's model.dtype): the base
+    of its LoRA adapters is loaded in it, as the run held it; float32 when unknown."""
     recipe = checkpoint.parent.parent / RECIPE
     if checkpoint.parent.name != CHECKPOINTS or not recipe.is_file():
         return "float32"
@@ -69,9 +69,9 @@ def run_dtype(checkpoint: Path) -> str:
 
 
 def load_for_eval(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """What `gspo eval` scores, computed in float32. LoRA adapters are merged at the run's
-    dtype first, as `gspo export` merges them: evaluating a run and evaluating its export see
-    the very same weights."""
+    """What `gspo eval` scores, computed in float32. A LoRA checkpoint's base is loaded in the
+    run's dtype and the adapters merged in float32, exactly as `gspo export` writes it:
+    evaluating a run and evaluating its export see the very same weights."""
     local = Path(path).expanduser()
     dtype = run_dtype(local) if is_adapter_folder(local) else "float32"
     model, tokenizer = load_policy(path, dtype=dtype, what="checkpoint")

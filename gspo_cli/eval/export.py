@@ -1,7 +1,8 @@
 """`gspo export RUN_OR_CHECKPOINT OUT`: a plain HF checkpoint that transformers loads alone.
 
-- A LoRA run's checkpoint: its base model with the adapters merged into the weights (peft's
-  merge_and_unload), saved with the tokenizer, in the dtype the run trained in.
+- A LoRA run's checkpoint: its base model (as the run held it, in the run's dtype) with the
+  adapters merged into the weights in float32 (peft's merge_and_unload; `load_policy` says
+  why), saved in float32 with the tokenizer: what `gspo eval` of the run scores, bit for bit.
 - A full fine-tune's checkpoint (or a run's cold start): its HF files copied as they are,
   without the trainer's state (`*.pt`: optimizer, RNG, sampler; DeepSpeed's folder).
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from gspo_cli.errors import GspoError
 from gspo_cli.eval.checkpoints import resolve_checkpoint, run_dtype
 from gspo_cli.models import load_policy
+from gspo_cli.models.loading import convert_first
 from gspo_cli.models.lora import is_adapter_folder
 from gspo_cli.run_folder import remove_partial, staging
 
@@ -31,6 +33,7 @@ def export_checkpoint(name: str, out: Path) -> Path:
         raise GspoError(f"export: {name} is not a checkpoint folder or run folder")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise GspoError(f"export: {out} exists and is not empty; name a new or empty folder")
+    convert_first(str(source), what="export")  # a replaced GGUF base: before any folder is made
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / staging(out.name)
     shutil.rmtree(tmp, ignore_errors=True)

@@ -22,7 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gspo_cli.data import render_prompt
 from gspo_cli.data.benchmarks import build_prompt, load_benchmark
 from gspo_cli.data.problems import Problem
-from gspo_cli.data.prompts import PLAIN, PromptFormat, PromptSettings
+from gspo_cli.data.prompts import IDENTITY, PLAIN, PromptFormat, PromptSettings
 from gspo_cli.errors import GspoError
 from gspo_cli.eval.checkpoints import load_for_eval, resolve_checkpoint
 from gspo_cli.eval.codeelo import load_standings_cache
@@ -80,7 +80,7 @@ class EvalSettings:
         """How `prompt_builder`'s question is asked: `prompt_template` (when set) wraps it, or a
         conversation's last user turn, as in training (data/prompts.py)."""
         return PromptFormat(
-            prompt_template="{prompt}" if self.prompt_template is None else self.prompt_template,
+            prompt_template=IDENTITY if self.prompt_template is None else self.prompt_template,
             system_prompt=self.system_prompt,
             chat_template=self.chat_template,
             chat_template_kwargs=self.chat_template_kwargs,
@@ -106,8 +106,6 @@ def run_eval(
     engine_factory: EngineFactory | None = None,
 ) -> dict[str, Any]:
     model_path = resolve_checkpoint(settings.checkpoint)  # cheap checks first
-    # a GGUF (or a LoRA checkpoint's GGUF base) converts or fails before `out` is touched
-    convert_first(model_path, what="checkpoint")
     problems = load_benchmark(
         settings.benchmark,
         settings.data,
@@ -120,6 +118,8 @@ def run_eval(
             load_standings_cache(settings.standings)
         except ValueError as exc:
             raise GspoError(f"--standings: {exc}") from None
+    # a GGUF (or a LoRA checkpoint's GGUF base) converts or fails before `out` is touched
+    convert_first(model_path, what="checkpoint")
     with one_writer(out, "gspo eval"):
         done = _prepare_out(out, settings, resume)
         records = _sample_and_judge(

@@ -61,7 +61,9 @@ def load_policy(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model and its tokenizer; a problem becomes one GspoError line naming `what` (the
     recipe key or argument) and the path. A folder of LoRA adapters (a LoRA run's checkpoint)
-    is its base model with the adapters merged in."""
+    is its base model (in `dtype`, as the run held it) with the adapters merged in float32:
+    peft keeps adapters in float32 and adds their output unrounded, while a bfloat16 merge
+    would round most small updates away. The merged model is float32."""
     if is_adapter_folder(Path(path).expanduser()):
         base = adapter_base(Path(path).expanduser())
         check_gguf_base(Path(path).expanduser(), base)
@@ -71,7 +73,7 @@ def load_policy(
             trust_remote_code=trust_remote_code,
             what=f"{what} (the base model of the adapters in {path})",
         )
-        return merge_adapters(model, Path(path).expanduser()), tokenizer
+        return merge_adapters(model.float(), Path(path).expanduser()), tokenizer
     path = hf_path(path, what=what)
     if path.startswith(BUILTIN_MODEL_PREFIX):
         try:

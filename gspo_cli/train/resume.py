@@ -154,6 +154,17 @@ def check_resumed_base(recipe: Recipe, run_dir: Path) -> None:
     file = gguf_file(recipe.model.path) if recipe.model.lora.r else None
     if file is None or not file.is_file():  # no GGUF base; a missing file: convert_first says so
         return
+    if _saved_model_path(run_dir) != recipe.model.path:
+        return  # another base, or no readable recipe: check_resumable says so in its own words
     latest = latest_checkpoint(run_dir / CHECKPOINTS, cleanup=False)
     if latest is not None:  # a checkpoint without the record (e.g. cold start on) is not checked
         check_base_sha256(latest, recipe.model.path, file_digest(file))
+
+
+def _saved_model_path(run_dir: Path) -> Any:
+    """The run's model.path as its recipe.yaml saved it; None when that cannot be read."""
+    try:
+        saved = yaml.safe_load((run_dir / RECIPE).read_text(encoding="utf-8"))
+        return saved["model"]["path"]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
+        return None

@@ -334,8 +334,8 @@ def test_export_writes_a_plain_merged_checkpoint(
 
 
 def test_eval_and_export_merge_a_bf16_run_alike(builtin_lora_run: Path, tmp_path: Path) -> None:
-    """gspo eval of a LoRA run scores the very weights gspo export writes: both merge at the
-    run's dtype (here its recipe says bfloat16), and eval computes in float32."""
+    """gspo eval of a LoRA run scores the very weights gspo export writes: both load the base
+    in the run's dtype (here its recipe says bfloat16) and merge the adapters in float32."""
     from transformers import AutoModelForCausalLM
 
     from gspo_cli.eval.checkpoints import load_for_eval
@@ -353,6 +353,10 @@ def test_eval_and_export_merge_a_bf16_run_alike(builtin_lora_run: Path, tmp_path
     assert all(t.dtype == torch.float32 for t in ours.values())
     assert theirs.keys() == ours.keys()
     assert all(torch.equal(theirs[key], ours[key]) for key in theirs)
+    saved = load_file(str(tmp_path / "exported" / "model.safetensors"))
+    assert all(t.dtype == torch.float32 for t in saved.values())
+    # merged in float32: the adapters' updates are not rounded to bfloat16 with the base
+    assert any(not torch.equal(t, t.bfloat16().float()) for t in ours.values())
     in_float32, _ = load_for_eval(str(builtin_lora_run / "checkpoints" / "step_000002"))
     merged = in_float32.state_dict()
     assert any(not torch.equal(merged[key], ours[key]) for key in ours)  # the dtype mattered

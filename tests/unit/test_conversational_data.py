@@ -381,6 +381,26 @@ def test_gspo_eval_asks_conversational_custom_rows_as_training_does(
     assert results["metrics"]["avg@1"]["value"] == 1.0  # both asked as expected, and right
 
 
+def test_a_text_question_wins_over_a_messages_column(tmp_path: Path) -> None:
+    """NuminaMath-CoT-like rows ship `problem` and the worked `messages`: asked the text."""
+    row = {"problem": "What is 2 + 2?", "messages": WORKED, "answer": "4"}
+    (problem,) = load_benchmark("custom", _write(tmp_path / "both.jsonl", [row]))
+    assert (problem.question, problem.messages) == ("What is 2 + 2?", None)
+
+
+def test_a_conversation_without_a_user_turn_is_asked_without_a_template(
+    tmp_path: Path, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """gspo eval without a template of its own leaves every conversation as it is."""
+    turns = [_turn(SYSTEM, "Continue: 1, 2, 3")]
+    rows = [{"prompt": turns, "answer": "4"}]
+    (problem,) = load_benchmark("custom", _write(tmp_path / "c.jsonl", rows))
+    settings = EvalSettings("builtin:tiny-dense", "custom", samples=1)
+    ids = render_prompt(tokenizer, list(problem.messages or ()), settings.prompt_format)
+    text = tokenizer.decode(ids)
+    assert text == _chatml((SYSTEM, "Continue: 1, 2, 3"))
+
+
 def test_a_custom_benchmark_trains_on_its_conversations_as_they_are(
     tmp_path: Path, tokenizer: PreTrainedTokenizerBase
 ) -> None:
