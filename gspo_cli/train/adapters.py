@@ -20,8 +20,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import SAFE_WEIGHTS_NAME as WEIGHTS_NAME
 
 from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX
-from gspo_cli.models.gguf import GGUF_SUFFIX, PRETRAINED_BUILTINS, file_digest
-from gspo_cli.models.loading import gguf_file, hf_path
+from gspo_cli.models.gguf import GGUF_SUFFIX, file_digest
+from gspo_cli.models.loading import gguf_file, hf_path, is_gguf_path
 from gspo_cli.models.lora import Adapters, model_skeleton, target_problem
 from gspo_cli.recipe.bounds import model_config_file
 from gspo_cli.recipe.inputs import LoraConfig
@@ -48,7 +48,7 @@ def early_target_problem(recipe: Recipe) -> str | None:
     lora, path = recipe.model.lora, recipe.model.path
     if not lora.r or isinstance(lora.target_modules, str) or recipe.model.trust_remote_code:
         return None
-    if _is_gguf(path):  # its converted folder (converted now if need be: training would)
+    if is_gguf_path(path):  # its converted folder (converted now if need be: training would)
         path = hf_path(path, what="model.path")
     file = None if path.startswith(BUILTIN_MODEL_PREFIX) else model_config_file(path)
     skeleton = model_skeleton(path, file.parent if file is not None else None)
@@ -60,7 +60,9 @@ def base_name(recipe: Recipe, run_dir: Path) -> str:
     """What a LoRA run's checkpoints name as their base model (`base_model_name_or_path`)."""
     if recipe.cold_start.enabled:
         return str((run_dir / COLD_START).resolve())
-    if _is_gguf(recipe.model.path):  # rebuilt exactly from its file (models/gguf.py), not copied
+    if is_gguf_path(
+        recipe.model.path
+    ):  # rebuilt exactly from its file (models/gguf.py), not copied
         path = recipe.model.path
         return str(Path(path).expanduser().resolve()) if path.endswith(GGUF_SUFFIX) else path
     if recipe.model.path.startswith(BUILTIN_MODEL_PREFIX):
@@ -72,18 +74,8 @@ def base_name(recipe: Recipe, run_dir: Path) -> str:
 def base_sha256(recipe: Recipe) -> str | None:
     """The SHA-256 of the GGUF file a LoRA run's base is rebuilt from (`base_name` names it),
     saved with the adapters so that a replaced file is refused; None for any other base."""
-    if recipe.cold_start.enabled or not _is_gguf(recipe.model.path):
-        return None
-    file = gguf_file(recipe.model.path)
+    file = None if recipe.cold_start.enabled else gguf_file(recipe.model.path)
     return None if file is None else file_digest(file)  # cached: the run just converted it
-
-
-def _is_gguf(path: str) -> bool:
-    """A pretrained built-in or a .gguf file: its base is its (content-checked) GGUF file."""
-    name = path.removeprefix(BUILTIN_MODEL_PREFIX)
-    return path.endswith(GGUF_SUFFIX) or (
-        path.startswith(BUILTIN_MODEL_PREFIX) and name in PRETRAINED_BUILTINS
-    )
 
 
 def save_builtin_base(
@@ -97,7 +89,7 @@ def save_builtin_base(
     adapters go in. A base saved by an earlier start is kept when it holds these weights (a
     resume), else replaced (a rerun with another seed after a failed start)."""
     path = recipe.model.path
-    builtin = path.startswith(BUILTIN_MODEL_PREFIX) and not _is_gguf(path)
+    builtin = path.startswith(BUILTIN_MODEL_PREFIX) and not is_gguf_path(path)
     if not recipe.model.lora.r or recipe.cold_start.enabled or not builtin:
         return
     folder = run_dir / LORA_BASE

@@ -165,23 +165,16 @@ def test_an_unsupported_quantisation_is_one_line(
     assert list((private_cache / "gguf").iterdir()) == []
 
 
-def test_a_truncated_gguf_is_refused_before_training_writes_anything(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_a_truncated_gguf_is_refused_before_anything_is_written(
+    tmp_path: Path, command: str
+) -> None:
     whole = _write_gguf(tmp_path / "whole.gguf", "llama").read_bytes()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(whole[: len(whole) - 64])
     recipe = write_recipe(tmp_path, {"model": {"path": str(cut)}})
     out = tmp_path / "run"
-    _one_line(invoke_cli("train", str(recipe), "--out", str(out)), "cut.gguf is truncated")
-    assert list(out.iterdir()) == []  # the lock took the folder; no recipe, no log
-
-
-def test_a_truncated_gguf_is_refused_before_sft_writes_anything(tmp_path: Path) -> None:
-    whole = _write_gguf(tmp_path / "whole.gguf", "llama").read_bytes()
-    cut = tmp_path / "cut.gguf"
-    cut.write_bytes(whole[: len(whole) - 64])
-    recipe = write_recipe(tmp_path, {"model": {"path": str(cut)}})
-    out = tmp_path / "run"
-    _one_line(invoke_cli("sft", str(recipe), "--out", str(out)), "cut.gguf is truncated")
+    _one_line(invoke_cli(command, str(recipe), "--out", str(out)), "cut.gguf is truncated")
     assert list(out.iterdir()) == []  # the lock took the folder; no recipe, no log
 
 
