@@ -39,6 +39,8 @@ class RolloutEngineKind:
     keeps_own_weights: bool  # a copy of the model, synced after each update (vLLM)
     returns_routed_experts: bool  # MoE: the experts each generated token went to
     runs_in_trainer: bool  # generates on the trainer's own model and memory (HF generate)
+    # can run in the rollout worker process of asynchronous rollouts (rollout.max_staleness)
+    runs_async: bool = False
 
     def load(self) -> Any:
         return _load(self.build)
@@ -62,6 +64,7 @@ ROLLOUT_ENGINES.add(
         keeps_own_weights=False,
         returns_routed_experts=True,
         runs_in_trainer=True,
+        runs_async=True,
     ),
 )
 ROLLOUT_ENGINES.add(
@@ -71,6 +74,7 @@ ROLLOUT_ENGINES.add(
         keeps_own_weights=True,
         returns_routed_experts=False,
         runs_in_trainer=False,
+        runs_async=True,
     ),
 )
 

@@ -75,6 +75,24 @@ class RolloutConfig(Section):
         "step trains on the groups kept so far and says so.",
     )
 
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="Asynchronous rollouts: a worker process samples the batches of the next N "
+        "steps while the trainer trains, each from the policy N steps behind (0: generate, then "
+        "train, as the paper does; docs/options/async-rollouts.md).",
+    )
+    worker_threads: int = Field(
+        1, ge=1, description="max_staleness > 0: torch threads of the rollout worker process."
+    )
+    worker_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="max_staleness > 0: the longest the trainer waits for word from the "
+        "rollout worker (a batch) before it ends the run, naming the hung worker (the run "
+        "resumes from its last checkpoint); its start gets at least 600 s.",
+    )
+
     _engine_registered = field_validator("engine")(partial(registered, "rollout engine"))
 
     @model_validator(mode="after")
@@ -86,6 +104,12 @@ class RolloutConfig(Section):
                 f"rollout.dynamic_sampling_max_rounds {self.dynamic_sampling_max_rounds} has no "
                 "effect without dynamic_sampling: set dynamic_sampling: true"
             )
+        for name in ("worker_threads", "worker_timeout_s"):
+            if not self.max_staleness and name in self.model_fields_set:
+                raise ValueError(
+                    f"rollout.{name} has no effect without rollout.max_staleness: set "
+                    "max_staleness 1 or more"
+                )
         return self
 
     @field_validator("use_engine_logprobs", mode="before")

@@ -112,6 +112,33 @@ class Recipe(Section):
                 "cannot: routed-expert return needs vLLM's Model Runner V2 on GPU): use "
                 "rollout.engine hf or routing_replay old_policy"
             )
+        if (
+            self.rollout.max_staleness
+            and self.rollout.use_engine_logprobs is False
+            and self.algorithm.rollout_correction == "off"
+        ):
+            raise ValueError(
+                f"rollout.max_staleness {self.rollout.max_staleness} trains on batches sampled "
+                "by an older policy: the loss needs that policy's log-probs, as pi_old "
+                "(rollout.use_engine_logprobs true or auto) or as a correction "
+                "(algorithm.rollout_correction)"
+            )
+        if (
+            self.rollout.max_staleness
+            and replay == "old_policy"
+            and (self.algorithm.rollout_correction == "off")
+        ):
+            raise ValueError(
+                "rollout.max_staleness with routing_replay old_policy recomputes pi_old, which "
+                "then needs algorithm.rollout_correction towards the older sampling policy (or "
+                "use routing_replay rollout)"
+            )
+        if self.rollout.max_staleness and not engine.runs_async:
+            raise ValueError(
+                f"rollout.max_staleness needs a rollout engine that runs in a worker process; "
+                f"rollout.engine {self.rollout.engine} does not: use hf or vllm, or "
+                "max_staleness 0"
+            )
         buffer, cap = self.reward.overlong_buffer, self.rollout.max_new_tokens
         if buffer >= cap:
             raise ValueError(

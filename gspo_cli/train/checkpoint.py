@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +63,13 @@ def save_checkpoint(
     ctx: DistContext = LOCAL,
     *,
     keep_before: int | None = None,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write checkpoint `step_NNNNNN` under `root` and point `latest` at it; prune old ones.
 
     `keep` newest are kept, and besides them the newest at or before step `keep_before`: the
-    one a guard goes back to, which pruning must not take (step 0 included).
+    one a guard goes back to, which pruning must not take (step 0 included). `extra` writes
+    this rank's own files into the folder (asynchronous rollouts: the in-flight batches).
     Every rank calls this (DeepSpeed saves are collective); rank 0 writes the shared files.
     """
     if not engine.weights_finite():  # never let a broken state become `latest`
@@ -85,7 +88,7 @@ def save_checkpoint(
             raise write_error(exc, root) from None
     ctx.barrier()
     try:
-        _write(tmp, step, engine, tokenizer, state, ctx)
+        _write(tmp, step, engine, tokenizer, state, ctx, extra)
     except BaseException as exc:
         # A full disk must not leave a half-written folder behind, nor a traceback.
         problem = remove_partial(tmp, exc, root) if ctx.is_main else None
@@ -116,9 +119,12 @@ def _write(
     tokenizer: PreTrainedTokenizerBase,
     state: dict[str, Any],
     ctx: DistContext,
+    extra: Callable[[Path], None] | None,
 ) -> None:
     engine.save_model(tmp, tokenizer)
     engine.save_state(tmp)
+    if extra is not None:
+        extra(tmp)
     if ctx.is_main:
         torch.save({**state, "step": step, "rng": rng_state()}, tmp / TRAINER_STATE)
     ctx.barrier()

@@ -94,6 +94,12 @@ def check_world_size(recipe: Recipe, world: int) -> None:
             "with several processes, algorithm.minibatches must divide rollout.group_size "
             "(each minibatch takes a share of every group)"
         )
+    if r.max_staleness and r.dynamic_sampling:
+        raise GspoError(
+            "rollout.max_staleness with dynamic_sampling runs on one process only: each rank's "
+            "rollout worker would need the other ranks' rewards between rounds (set "
+            "max_staleness 0, or train on one process)"
+        )
     local = r.num_prompts * r.group_size // recipe.algorithm.minibatches // world
     micro = recipe.trainer.micro_batch_size
     if micro and local % micro:

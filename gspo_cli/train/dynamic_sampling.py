@@ -75,6 +75,12 @@ class _Round:
     totals: tuple[float, float, int]  # sums of rewards and of correct, responses: all ranks
 
 
+def step_seed(seed: int, step: int, rollbacks: int) -> int:
+    """The sampling seed of RL step `step` of a run seeded `seed` (trainer.seed); after a
+    rollback the retried steps draw other samples (`rollbacks` enters it)."""
+    return seed * 1_000_003 + step + 7_919_111 * rollbacks
+
+
 def round_seed(step_seed: int, number: int) -> int:
     """The sampling seed of round `number` (0 first) of a step: round 0 keeps the step's, so a
     step without dynamic sampling samples as it always did."""

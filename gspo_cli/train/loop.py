@@ -26,7 +26,15 @@ from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.code.isolation import allow_weak_isolation
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout.hf import HFGenerateEngine
-from gspo_cli.run_folder import CHECKPOINTS, COLD_START, SAMPLES, SUMMARY, write_text_atomic
+from gspo_cli.run_folder import (
+    CHECKPOINTS,
+    COLD_START,
+    SAMPLES,
+    SUMMARY,
+    step_folder,
+    write_text_atomic,
+)
+from gspo_cli.train.async_rollouts import AsyncRollouts, saved_in_flight
 from gspo_cli.train.checkpoint import (
     checkpoint_at_or_before,
     latest_checkpoint,
@@ -35,7 +43,7 @@ from gspo_cli.train.checkpoint import (
 from gspo_cli.train.cold_start import load_recipe_model, run_cold_start
 from gspo_cli.train.console import TrainingDisplay
 from gspo_cli.train.device import peak_memory_mb, resolve_device
-from gspo_cli.train.dynamic_sampling import Sampling, collect_step, short_notice
+from gspo_cli.train.dynamic_sampling import Sampling, collect_step, short_notice, step_seed
 from gspo_cli.train.engine import UpdateFailed
 from gspo_cli.train.guard import Decision, Guard, resume_advice, rollback_target
 from gspo_cli.train.heldout import heldout_accuracy
@@ -119,6 +127,8 @@ def run_loop(run: PreparedRun) -> TrainResult:
     if 0 in result.heldout:
         guard.detector.observe_heldout(0, result.heldout[0])
     steps, step = trainer.steps, run.start
+    if recipe.rollout.max_staleness and step < steps:
+        _start_rollouts(run)
     if trainer.on_collapse == "rollback" and step == 0:  # something to roll back to from step 1
         run.save_checkpoint(0)
     with TrainingDisplay(run.console, steps, run.start, recipe.logging.console) as display:
@@ -164,22 +174,28 @@ def _one_step(run: PreparedRun, step: int) -> tuple[Any, dict[str, float]]:
     rounds, train/dynamic_sampling.py), then training. After a rollback the sampling seeds are
     fresh (`run.state.rollbacks` enters them), so the retried steps draw other samples."""
     recipe, ctx = run.recipe, run.ctx
-    step_seed = _seed(recipe.trainer.seed, step, run.state.rollbacks)
-    collected = collect_step(
-        run.rollout_engine,
-        run.reward,
-        run.sampler,
-        (run.train_set.prompts, run.train_set.rows),
-        run.settings,
-        Sampling.of(recipe, ctx.world),
-        step_seed,
-        ctx,
-    )
+    started = time.perf_counter()
+    seed = step_seed(recipe.trainer.seed, step, run.state.rollbacks)
+    if run.rollouts is None:
+        collected = collect_step(
+            run.rollout_engine,
+            run.reward,
+            run.sampler,
+            (run.train_set.prompts, run.train_set.rows),
+            run.settings,
+            Sampling.of(recipe, ctx.world),
+            seed,
+            ctx,
+        )
+    else:  # sampled by the worker while earlier steps trained
+        batch, waited = run.rollouts.take(step)
+        collected = batch.collected
+        run.sampler.load_state_dict(batch.sampler_after)  # what a checkpoint of this step saves
     output = train_groups(
         run.engine,
         collected.scored,
         run.settings,
-        step_seed,
+        seed,
         run.ref_engine,
         ctx=ctx,
         group_offset=collected.group_offset,
@@ -189,11 +205,33 @@ def _one_step(run: PreparedRun, step: int) -> tuple[Any, dict[str, float]]:
     metrics = {**output.metrics, **collected.metrics}
     if collected.metrics:  # dynamic sampling: reward_mean is every generated response's
         metrics["dynamic_sampling_batch_reward_mean"] = output.metrics["reward_mean"]
+    if run.rollouts is not None:
+        run.rollouts.publish(step)  # the weights after this step, for step + 1 + N's batch
+        elapsed = time.perf_counter() - started  # the worker's time overlaps: wall time here
+        metrics.update(
+            rollout_staleness=float(step - 1 - batch.version),  # versions behind the trainer
+            rollout_policy_version=float(batch.version),
+            time_rollout_wait_s=waited,
+            time_step_s=elapsed,
+            tokens_per_s=metrics["completion_tokens"] / max(elapsed, 1e-9),
+        )
     return output, {**metrics, "peak_memory_mb": peak_memory_mb(run.device)}
 
 
-def _seed(seed: int, step: int, rollbacks: int) -> int:
-    return seed * 1_000_003 + step + 7_919_111 * rollbacks
+def _start_rollouts(run: PreparedRun) -> None:
+    """The rollout worker of this rank; after a resume it first hands back the batches the
+    checkpoint saved (train/async_rollouts.py)."""
+    run.rollouts = AsyncRollouts(
+        run.recipe, run.engine, run.tokenizer, (run.train_set.prompts, run.train_set.rows),
+        run.settings, run.ctx, run.device,
+    )  # fmt: skip
+    saved = []
+    if run.start:
+        folder = run.run_dir / CHECKPOINTS / step_folder(run.start)
+        saved = saved_in_flight(
+            folder, run.ctx.rank, run.recipe.rollout.max_staleness, run.state.rollbacks
+        )
+    run.rollouts.start(run.start, run.state.rollbacks, run.sampler.state_dict(), saved)
 
 
 def _act(run: PreparedRun, step: int, decision: Decision, result: TrainResult, display: Any) -> int:
@@ -261,8 +299,10 @@ def _restore(run: PreparedRun, folder: Path, result: TrainResult) -> int:
     run.engine.set_peak_lr(run.recipe.optimizer.lr * state.lr_scale)
     # Unseeded sampling draws from the global RNG just restored: without a new seed the
     # retried steps would replay the same rollouts.
-    torch.manual_seed(_seed(run.recipe.trainer.seed, restored, state.rollbacks))
+    torch.manual_seed(step_seed(run.recipe.trainer.seed, restored, state.rollbacks))
     roll_back_to(run.run_dir / CHECKPOINTS, folder, run.ctx)
+    if run.rollouts is not None:  # drop the batches sampled on the abandoned trajectory
+        run.rollouts.start(restored, state.rollbacks, run.sampler.state_dict())
     for later in [s for s in result.heldout if s > restored]:
         del result.heldout[later]
     result.steps_done = restored

@@ -54,12 +54,20 @@ def resolve_engine_logprobs(
     top_k: int,
     routing_replay: str,
     kl_in_reward: bool = False,
+    asynchronous: bool = False,
 ) -> EngineLogprobs:
     """`rollout.use_engine_logprobs` as a step runs it: True, False, or "auto" (the gated
     mode) where `auto` can apply; `auto` elsewhere recomputes (False). A KL in the reward
-    reads pi_old of every row before advantages, earlier than `auto`'s check can run."""
+    reads pi_old of every row before advantages, earlier than `auto`'s check can run.
+
+    `asynchronous` (rollout.max_staleness > 0): the batch comes from an older policy, so the
+    gate would always fail; `auto` takes the behaviour policy's log-probs as pi_old, unless a
+    rollout correction recomputes pi_old and corrects towards them (the recipe refuses a
+    recompute with neither)."""
     if setting != "auto":
         return setting
+    if asynchronous:
+        return rollout_correction == "off"
     if kl_in_reward:
         return False
     exact = top_p == 1 and top_k == 0  # top-p/top-k log-probs are renormalised: not pi_old's

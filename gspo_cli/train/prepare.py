@@ -7,6 +7,7 @@ pool, the run log) is closed by `PreparedRun.close`.
 from __future__ import annotations
 
 import copy
+import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from gspo_cli.train.adapters import (
     save_builtin_base,
     trainable_line,
 )
+from gspo_cli.train.async_rollouts import AsyncRollouts
 from gspo_cli.train.checkpoint import latest_checkpoint, save_checkpoint
 from gspo_cli.train.cold_start import load_recipe_model, run_cold_start
 from gspo_cli.train.device import resolve_device
@@ -79,8 +81,11 @@ class PreparedRun:
     state: RunState  # where the run is; `start` is its step when the loop began
     stop: StopRequest  # set by SIGTERM; see stop_at_boundary
     start: int = 0  # the last step already done when this process began (0 for a new run)
+    rollouts: AsyncRollouts | None = None  # rollout.max_staleness > 0: the rollout worker
 
     def close(self) -> None:
+        if self.rollouts is not None:
+            self.rollouts.close()
         self.log.close()
         self.reward.close()  # the worker process of users' reward functions
         self.math_pool.close()
@@ -104,6 +109,7 @@ class PreparedRun:
             self.ctx,
             # what a rollback after the next steps restores must survive pruning
             keep_before=rollback_target(step + 1) if trainer.on_collapse == "rollback" else None,
+            extra=None if self.rollouts is None else self.rollouts.saver(step),
         )
 
     def stop_at_boundary(self, step: int) -> None:
@@ -133,6 +139,8 @@ def prepare_run(
     `stop` is the SIGTERM request the loop polls (`stop_on_signals`); None: never set."""
     ctx = context_from_env()
     device = resolve_device(recipe.trainer.device, ctx.local_rank)
+    if device.type == "cpu":  # save_pretrained imports DeepSpeed, which would probe for a GPU
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # and warn (the rollout worker inherits)
     check_processes(recipe.trainer.engine, ctx.world)
     check_world_size(recipe, ctx.world)
     if TRAIN_ENGINES.get(recipe.trainer.engine).several_processes:
@@ -169,7 +177,10 @@ def prepare_run(
         options=recipe.rollout.vllm.model_dump(),
         capabilities=engine.capabilities,
     )
-    rollout_engine = make_rollout_engine(recipe.rollout.engine, spec)
+    # asynchronous rollouts sample in the worker; here only held-out evals, on the policy itself
+    rollout_engine = make_rollout_engine(
+        "hf" if recipe.rollout.max_staleness else recipe.rollout.engine, spec
+    )
     math_pool = MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s)
     reward = RewardModel(recipe.reward, RewardServices(math_pool=math_pool))
     sampler = PromptSampler(len(train_set.rows), recipe.data.seed + recipe.trainer.seed)
@@ -215,6 +226,7 @@ def engine_logprobs_mode(recipe: Recipe) -> EngineLogprobs:
         top_k=recipe.rollout.top_k,
         routing_replay=recipe.algorithm.routing_replay,
         kl_in_reward=recipe.algorithm.kl_coef > 0 and recipe.algorithm.kl_in == "reward",
+        asynchronous=recipe.rollout.max_staleness > 0,
     )
 
 
