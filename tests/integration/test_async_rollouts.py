@@ -180,3 +180,22 @@ def test_bad_async_settings_are_one_line_at_validate_time(
     result = invoke_cli("validate", str(recipe), *args)
     assert result.returncode == 2, result.stdout
     assert result.stderr.strip().count("\n") == 0 and message in result.stderr, result.stderr
+
+
+def test_a_rollback_restarts_the_worker_on_the_restored_policy(tiny_recipe, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """lr 1e30 wrecks the first update: each rollback drops the batches the worker sampled on
+    the abandoned trajectory and restarts it from the restored weights, with fresh seeds."""
+    recipe = tiny_recipe(
+        optimizer={"lr": 1.0e30},
+        rollout={**ASYNC["rollout"], "max_staleness": 1},
+        trainer={"steps": 3, "on_collapse": "rollback", "max_rollbacks": 2},
+    )
+    out = tmp_path / "run"
+    result = invoke_cli("train", str(recipe), "--out", str(out))
+    assert result.returncode == 2 and "stopped at step" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    events = _records(out, "events.jsonl")
+    assert [e["action"] for e in events] == ["rollback", "rollback", "stop"]
+    # every retry trains a batch the restarted worker sampled from the restored policy (a worker
+    # left running would have moved past step 1: the retry would wait for it forever)
+    assert all(m["rollout_policy_version"] == 0 for m in _records(out, "metrics.jsonl"))

@@ -159,3 +159,19 @@ def test_zero0_resumes_at_another_world_size(ds_recipe: Path, tmp_path: Path) ->
     _train(ds_recipe, tmp_path / "run", *zero0, "--nproc", "2")
     _train(ds_recipe, tmp_path / "run", *zero0, "--set", f"trainer.steps={STEPS + 1}", "--resume")
     assert sorted(_metrics(tmp_path / "run")) == list(range(1, STEPS + 2))
+
+
+def test_async_rollouts_two_processes_zero3_reproduce_one_process(
+    ds_recipe: Path, runs: Path
+) -> None:
+    """One rollout worker per rank, each sampling its rank's share from weights ZeRO-3
+    gathers for it: the same steps as one process with one worker."""
+    one_step_behind = ("--set", "rollout.max_staleness=1")
+    zero3 = ("--set", "deepspeed.zero_stage=3")
+    a = _metrics(_train(ds_recipe, runs / "async-torch", *one_step_behind))
+    b = _metrics(
+        _train(ds_recipe, runs / "async-zero3", *DEEPSPEED, *zero3, *TWO, *one_step_behind)
+    )
+    assert any(a[s]["grad_norm"] > 0 for s in a), "no gradient signal: the test would be vacuous"
+    assert [b[s]["rollout_staleness"] for s in b] == [0, 1, 1, 1]
+    _same(a, b, range(1, STEPS + 1))
