@@ -34,7 +34,7 @@ from gspo_cli.train.rollout_worker import AsyncBatch, WorkerPlan, worker_main
 from gspo_cli.train.step import StepSettings
 
 STARTUP_S = 600.0  # the least a worker is given to start (imports, engine: vLLM takes ~45 s)
-STOP_GRACE_S = 10.0  # a stopped worker closes its engine and pools within this, or is killed
+STOP_GRACE_S = 10.0  # a worker asked to stop ends within this, or is killed
 POLL_S = 1.0  # how often a waiting trainer checks that its worker is alive
 
 
@@ -124,12 +124,14 @@ class AsyncRollouts:
         self._process.start()
 
     def close(self) -> None:
-        """End the worker: SIGTERM (it closes its engine and pools), then SIGKILL."""
+        """End the worker: asked to stop, it closes its engine and pools when it next waits
+        for weights; one still sampling after STOP_GRACE_S is killed (its children die
+        with it)."""
         process, self._process = self._process, None
         if process is None:
             return
         if process.is_alive():
-            process.terminate()
+            self._inbox.put(("stop", None))
             process.join(STOP_GRACE_S)
         if process.is_alive():
             process.kill()

@@ -13,7 +13,8 @@ that needs that version, and says so, after which the trainer may overwrite it.
 
 Messages, each (kind, value); batches travel pickled, so their tensors never become
 shared-memory handles:
-- trainer -> worker: ("version", v): the staging model holds the weights after step v.
+- trainer -> worker: ("version", v): the staging model holds the weights after step v;
+  ("stop", None): close the engine and the reward pools, and end.
 - worker -> trainer: ("ready", None): engine and rewards built; ("took", v): version v
   copied; ("batch", bytes of an AsyncBatch); ("error", line): the worker ended on this problem.
 """
@@ -22,8 +23,6 @@ from __future__ import annotations
 
 import copy
 import pickle
-import signal
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,12 +87,8 @@ def load_staging(model: nn.Module, staging: dict[str, torch.Tensor]) -> None:
 
 def worker_main(plan: WorkerPlan, staging: nn.Module, inbox: Any, outbox: Any) -> None:
     """The worker process's entry point (spawned by train/async_rollouts.py)."""
-    pool_worker_init(plan.parent_pid)  # dies with the trainer; leaves its signals to it
-
-    def stop(signum: int, frame: Any) -> None:
-        sys.exit(0)  # the `finally` blocks close the engine and the reward pools
-
-    signal.signal(signal.SIGTERM, stop)
+    # dies with the trainer, and its own children (reward pools, vLLM's engine) with it
+    pool_worker_init(plan.parent_pid)
     torch.set_num_threads(plan.recipe.rollout.worker_threads)
     try:
         _sample(plan, staging, inbox, outbox)
@@ -128,7 +123,10 @@ def _sample(plan: WorkerPlan, staging: nn.Module, inbox: Any, outbox: Any) -> No
                 for step in range(plan.first_step, plan.last_step + 1):
                     need = plan.version_for(step)
                     while published < need:  # versions arrive in order
-                        _, published = inbox.get()
+                        kind, value = inbox.get()
+                        if kind == "stop":
+                            return
+                        published = value
                     if need != version:
                         load_staging(model, shared)
                         version = need
