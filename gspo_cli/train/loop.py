@@ -131,11 +131,14 @@ def run_loop(run: PreparedRun) -> TrainResult:
         _start_rollouts(run)
     if trainer.on_collapse == "rollback" and step == 0:  # something to roll back to from step 1
         run.save_checkpoint(0)
+    loop_started = time.perf_counter()
     with TrainingDisplay(run.console, steps, run.start, recipe.logging.console) as display:
         while step < steps:
             step += 1
             try:
                 output, metrics = _one_step(run, step)
+                # wall time of this process's steps so far, evals and checkpoints included
+                metrics["time_elapsed_s"] = time.perf_counter() - loop_started
             except UpdateFailed as exc:  # applied and not undone (DeepSpeed): roll back or stop
                 step = _act(run, step, guard.failed_update(step, str(exc)), result, display)
                 guard.restarted()
