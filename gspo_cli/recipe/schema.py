@@ -90,8 +90,12 @@ class Recipe(Section):
                 "samples; with rollout.use_engine_logprobs the engine's log-probs already are "
                 "pi_old: use one or the other"
             )
+        # asynchronous `auto` without a correction takes the engine's log-probs as pi_old
+        async_auto = self.rollout.max_staleness > 0 and self.rollout.use_engine_logprobs == "auto"
         engine_logprobs = (
-            self.rollout.use_engine_logprobs is True or self.algorithm.rollout_correction != "off"
+            self.rollout.use_engine_logprobs is True
+            or self.algorithm.rollout_correction != "off"
+            or async_auto
         )
         if engine_logprobs and (self.rollout.top_p < 1 or self.rollout.top_k > 0):
             raise ValueError(

@@ -14,6 +14,7 @@ worker from the restored weights, with the rollback's fresh seeds.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
@@ -42,11 +43,18 @@ def in_flight_file(folder: Path, rank: int) -> Path:
     return folder / f"rollouts_in_flight_rank{rank}.pt"
 
 
-def staging_model(engine: TrainEngine) -> nn.Module:
+def staging_model(engine: TrainEngine, trust_remote_code: bool) -> nn.Module:
     """A plain copy of the policy (LoRA merged in) in shared memory, which the worker reads."""
     weights = {name: t.detach().to("cpu", copy=True) for name, t in engine.full_weights()}
-    model = AutoModelForCausalLM.from_config(engine.model.config)
-    model.to(next(iter(weights.values())).dtype)
+    dtype = next(iter(weights.values())).dtype
+    try:
+        model = AutoModelForCausalLM.from_config(
+            engine.model.config, dtype=dtype, trust_remote_code=trust_remote_code
+        )
+    except (ValueError, OSError) as exc:
+        raise GspoError(
+            f"rollout.max_staleness: cannot build the rollout worker's copy of the model: {exc}"
+        ) from None
     result = model.load_state_dict(weights, strict=False)
     tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - {
         name for name, _ in model.named_parameters()
@@ -57,7 +65,13 @@ def staging_model(engine: TrainEngine) -> nn.Module:
             f"policy's weights (missing {sorted(set(result.missing_keys) - tied)[:3]}, "
             f"unexpected {result.unexpected_keys[:3]})"
         )
-    return model.eval().requires_grad_(False).share_memory()
+    try:
+        return model.eval().requires_grad_(False).share_memory()
+    except (RuntimeError, OSError) as exc:  # /dev/shm too small, or too many open files
+        raise GspoError(
+            f"rollout.max_staleness: cannot put the policy in shared memory ({exc}): check the "
+            "free space of /dev/shm (docker run --shm-size) and ulimit -n"
+        ) from None
 
 
 class AsyncRollouts:
@@ -98,8 +112,8 @@ class AsyncRollouts:
         `sampler_state` (the data position after step `after_step`)."""
         self.close()
         saved = saved or []
-        if self._staging is None:
-            self._staging = staging_model(self.engine)  # collective under ZeRO-3
+        if self._staging is None:  # collective under ZeRO-3
+            self._staging = staging_model(self.engine, self.recipe.model.trust_remote_code)
         else:
             self._write_staging()
         problems, tokenizer, settings, device = self._plan_parts
@@ -111,7 +125,9 @@ class AsyncRollouts:
         )  # fmt: skip
         self.pending = {batch.step: batch for batch in saved}
         self.taken = after_step
-        self.ready = False  # until the worker has built its engine and rewards
+        self.ready = False  # until the worker has copied the staging model and built its engine
+        if self.plan.first_step > self.last_step:  # the saved batches are all that is left
+            return
         spawn = multiprocessing.get_context("spawn")  # a fork would copy the trainer's threads
         self._inbox, self._outbox = spawn.Queue(), spawn.Queue()
         # not a daemon: the worker has children of its own (reward pools); it dies with the
@@ -130,12 +146,14 @@ class AsyncRollouts:
         process, self._process = self._process, None
         if process is None:
             return
-        if process.is_alive():
-            self._inbox.put(("stop", None))
-            process.join(STOP_GRACE_S)
-        if process.is_alive():
-            process.kill()
-            process.join()
+        try:
+            if process.is_alive():
+                self._inbox.put(("stop", None))
+                process.join(STOP_GRACE_S)
+        finally:
+            if process.is_alive():
+                process.kill()
+                process.join()
         for channel in (self._inbox, self._outbox):
             channel.cancel_join_thread()  # what is still queued is of no use now
             channel.close()
@@ -170,6 +188,9 @@ class AsyncRollouts:
                 break
             except queue.Empty:
                 if not self._process.is_alive():
+                    with contextlib.suppress(queue.Empty):  # what it sent before it ended
+                        kind, value = self._outbox.get(timeout=POLL_S)
+                        break
                     raise self._failure(
                         f"died (exit code {self._process.exitcode}) while sampling {what}"
                     ) from None
@@ -209,9 +230,10 @@ class AsyncRollouts:
         if version + 1 + self.staleness > self.last_step:  # no batch left samples from it
             return
         assert self.plan is not None
-        if version - 1 >= self.plan.start_version:  # the worker must hold the previous one
-            while self.taken < version - 1:
-                self._receive(f"step {version + self.staleness}'s batch")
+        # the worker must have copied the staging model (at its start) and the previous version
+        previous = version - 1 if version - 1 >= self.plan.start_version else -1
+        while not self.ready or self.taken < previous:
+            self._receive(f"step {version + self.staleness}'s batch")
         self._write_staging()
         self._inbox.put(("version", version))
 
@@ -229,7 +251,12 @@ class AsyncRollouts:
         batches (waited for now), with the settings that decide whether a resume can use them."""
         batches = self.in_flight(step)
         rollbacks = self.plan.rollbacks if self.plan is not None else 0
-        record = {"max_staleness": self.staleness, "rollbacks": rollbacks, "batches": batches}
+        record = {
+            "max_staleness": self.staleness,
+            "rollbacks": rollbacks,
+            "world": self.ctx.world,
+            "batches": batches,
+        }
 
         def write(folder: Path) -> None:
             torch.save(record, in_flight_file(folder, self.ctx.rank))
@@ -237,7 +264,9 @@ class AsyncRollouts:
         return write
 
 
-def saved_in_flight(folder: Path, rank: int, staleness: int, rollbacks: int) -> list[AsyncBatch]:
+def saved_in_flight(
+    folder: Path, rank: int, staleness: int, rollbacks: int, world: int = 1
+) -> list[AsyncBatch]:
     """The in-flight batches checkpoint `folder` saved for this rank, when a resume with these
     settings samples them again; [] otherwise (the worker then starts from the checkpoint)."""
     file = in_flight_file(folder, rank)
@@ -247,7 +276,8 @@ def saved_in_flight(folder: Path, rank: int, staleness: int, rollbacks: int) -> 
         record = torch.load(file, weights_only=False)
     except Exception as exc:  # pickle/zip errors of many kinds all mean a corrupted file
         raise GspoError(f"checkpoint {file} is corrupted: {exc}") from None
-    if record["max_staleness"] != staleness or record["rollbacks"] != rollbacks:
+    saved_with = (record["max_staleness"], record["rollbacks"], record.get("world", 1))
+    if saved_with != (staleness, rollbacks, world):  # another schedule, or other rank shares
         return []
     batches: list[AsyncBatch] = record["batches"]
     return batches

@@ -232,8 +232,9 @@ def _start_rollouts(run: PreparedRun) -> None:
     if run.start:
         folder = run.run_dir / CHECKPOINTS / step_folder(run.start)
         saved = saved_in_flight(
-            folder, run.ctx.rank, run.recipe.rollout.max_staleness, run.state.rollbacks
-        )
+            folder, run.ctx.rank, run.recipe.rollout.max_staleness, run.state.rollbacks,
+            run.ctx.world,
+        )  # fmt: skip
     run.rollouts.start(run.start, run.state.rollbacks, run.sampler.state_dict(), saved)
 
 

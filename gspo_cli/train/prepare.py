@@ -91,8 +91,9 @@ class PreparedRun:
         self.math_pool.close()
         self.rollout_engine.close()
 
-    def save_checkpoint(self, step: int) -> Path:
-        """Checkpoint `step`: weights, optimizer, sampler position and RNG (all ranks call it)."""
+    def save_checkpoint(self, step: int, in_flight: bool = True) -> Path:
+        """Checkpoint `step`: weights, optimizer, sampler position and RNG (all ranks call it);
+        with asynchronous rollouts and `in_flight`, the batches sampled ahead (waited for)."""
         state = self.state.trainer_state(self.sampler, self.ctx.world, self.recipe.optimizer.lr)
         if self.ctx.is_main:  # only the main rank writes the trainer state: no copies elsewhere
             state.update(
@@ -109,7 +110,7 @@ class PreparedRun:
             self.ctx,
             # what a rollback after the next steps restores must survive pruning
             keep_before=rollback_target(step + 1) if trainer.on_collapse == "rollback" else None,
-            extra=None if self.rollouts is None else self.rollouts.saver(step),
+            extra=None if self.rollouts is None or not in_flight else self.rollouts.saver(step),
         )
 
     def stop_at_boundary(self, step: int) -> None:
@@ -121,7 +122,9 @@ class PreparedRun:
         self.stop.stopping()
         latest = latest_checkpoint(self.run_dir / CHECKPOINTS, cleanup=False)
         if latest is None or latest.name != step_folder(step):
-            self.save_checkpoint(step)
+            # not waiting for batches sampled ahead: a stop is asked to be quick (and a stop of
+            # the whole job may have ended the worker); the resume samples them afresh
+            self.save_checkpoint(step, in_flight=False)
         raise Stopped(self.stop.signum or signal.SIGTERM)
 
 

@@ -35,7 +35,8 @@ RESUMABLE_CHANGES = (
     "optimizer.max_grad_norm", "trainer.steps", "trainer.checkpoint_every",
     "trainer.keep_checkpoints", "trainer.log_samples", "trainer.stop_grace_s",
     "trainer.max_bad_updates", "trainer.on_collapse", "trainer.rollback_lr_factor",
-    "trainer.max_rollbacks", "eval.every", "logging.",
+    "trainer.max_rollbacks", "eval.every", "logging.", "rollout.max_staleness",
+    "rollout.worker_threads", "rollout.worker_timeout_s",
 )  # fmt: skip
 
 # What the cold start was made from: a run that keeps its cold start must not change these.

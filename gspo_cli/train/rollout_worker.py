@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +90,9 @@ def worker_main(plan: WorkerPlan, staging: nn.Module, inbox: Any, outbox: Any) -
     """The worker process's entry point (spawned by train/async_rollouts.py)."""
     # dies with the trainer, and its own children (reward pools, vLLM's engine) with it
     pool_worker_init(plan.parent_pid)
+    # a SIGTERM to every process of a job (a scheduler's stop) is the trainer's to handle: it
+    # checkpoints at the next step boundary, and ends the worker itself
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(plan.recipe.rollout.worker_threads)
     try:
         _sample(plan, staging, inbox, outbox)
@@ -124,7 +128,8 @@ def _sample(plan: WorkerPlan, staging: nn.Module, inbox: Any, outbox: Any) -> No
                     need = plan.version_for(step)
                     while published < need:  # versions arrive in order
                         kind, value = inbox.get()
-                        if kind == "stop":
+                        if kind == "stop":  # batches still queued are of no use now
+                            outbox.cancel_join_thread()
                             return
                         published = value
                     if need != version:

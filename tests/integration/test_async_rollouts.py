@@ -125,7 +125,7 @@ def test_a_dead_worker_ends_the_run_with_one_line_and_the_run_resumes(  # type: 
     assert "Traceback" not in err and err.strip().count("\n") == 0, err
     assert f"rollout worker 0 (pid {workers[0]}) died (exit code -9)" in err
     assert err.strip().endswith("resumes from its last checkpoint with --resume")
-    resume = ("--resume", "--set", "trainer.steps=4")
+    resume = ("--resume", "--set", "trainer.steps=4", "--set", "rollout.worker_timeout_s=600")
     result = run_cli("train", str(recipe), "--out", str(out), *resume)
     assert result.returncode == 0, result.stderr[-2000:]
     assert sorted(_by_step(out)) == [1, 2, 3, 4]
@@ -169,6 +169,8 @@ def test_a_hung_worker_ends_the_run_with_one_line(tiny_recipe, tmp_path: Path) -
             "the loss needs that policy's log-probs",
         ),
         (["rollout.worker_threads=2"], "has no effect without rollout.max_staleness"),
+        # `auto` takes the engine's log-probs as pi_old under async: renormalised by top-p
+        (["rollout.max_staleness=1", "rollout.top_p=0.9"], "need top_p 1, top_k 0"),
     ],
 )
 def test_bad_async_settings_are_one_line_at_validate_time(

@@ -35,8 +35,10 @@ def test_a_restarted_worker_samples_from_the_restored_policy_first() -> None:
 
 
 def test_saved_batches_apply_only_to_a_resume_with_the_same_settings(tmp_path: Path) -> None:
-    torch.save({"max_staleness": 1, "rollbacks": 0, "batches": ["b"]}, in_flight_file(tmp_path, 0))
+    record = {"max_staleness": 1, "rollbacks": 0, "world": 1, "batches": ["b"]}
+    torch.save(record, in_flight_file(tmp_path, 0))
     assert saved_in_flight(tmp_path, 0, 1, 0) == ["b"]
+    assert saved_in_flight(tmp_path, 0, 1, 0, world=2) == []  # other ranks' shares
     assert saved_in_flight(tmp_path, 0, 2, 0) == []  # another N: sampled afresh
     assert saved_in_flight(tmp_path, 0, 1, 1) == []  # after a rollback: fresh seeds
     assert saved_in_flight(tmp_path, 1, 1, 0) == []  # nothing saved for that rank
