@@ -47,6 +47,26 @@ def _worker_pids(trainer_pid: int) -> list[int]:
     return found
 
 
+def _train_in_background(recipe: Path, out: Path) -> subprocess.Popen[str]:
+    """`gspo train` as a child of this test, its stderr kept for the failure line."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "gspo_cli.cli", "train", str(recipe), "--out", str(out)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_steps(proc: subprocess.Popen[str], out: Path, steps: int) -> None:
+    """Until the run has logged `steps` steps (its worker is then up and sampling)."""
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= steps):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()  # type: ignore[union-attr]
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("staleness", [1, 2])
 def test_resume_after_sigkill_gives_the_records_of_the_uninterrupted_run(  # type: ignore[no-untyped-def]
@@ -105,18 +125,8 @@ def test_a_dead_worker_ends_the_run_with_one_line_and_the_run_resumes(  # type: 
 ) -> None:
     recipe = _async_recipe(tiny_recipe, 1, steps=200, checkpoint_every=1)
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gspo_cli.cli", "train", str(recipe), "--out", str(out)],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    metrics = out / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while not (metrics.is_file() and metrics.read_text().count("\n") >= 2):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()  # type: ignore[union-attr]
-        time.sleep(0.05)
+    proc = _train_in_background(recipe, out)
+    _wait_for_steps(proc, out, 2)
     workers = _worker_pids(proc.pid)
     assert len(workers) == 1
     os.kill(workers[0], signal.SIGKILL)
@@ -138,18 +148,8 @@ def test_a_hung_worker_ends_the_run_with_one_line(tiny_recipe, tmp_path: Path) -
         trainer={"steps": 200, "checkpoint_every": 1000},
     )
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gspo_cli.cli", "train", str(recipe), "--out", str(out)],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    metrics = out / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while not metrics.is_file():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()  # type: ignore[union-attr]
-        time.sleep(0.05)
+    proc = _train_in_background(recipe, out)
+    _wait_for_steps(proc, out, 1)
     workers = _worker_pids(proc.pid)
     assert len(workers) == 1
     os.kill(workers[0], signal.SIGSTOP)  # alive, but never sends another batch
