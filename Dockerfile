@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # gspo-cli: the CLI with its extras (dev, deepspeed), bubblewrap for the code sandbox, `gspo` as
-# the entrypoint, run as the unprivileged user `gspo`. See the README's "Docker" section.
+# the entrypoint, run as the unprivileged user `gspo`. See docs/docker.md.
 #
 # CPU image (the default; torch's CPU build from the PyTorch CPU index):
 #   docker build -t gspo-cli .

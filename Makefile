@@ -89,7 +89,7 @@ $(TRL_VENV)/bin/gspo: pyproject.toml requirements-nodeps.txt | $(BIN)/gspo
 	$(TRL_VENV)/bin/pip install --quiet --no-deps -r requirements-nodeps.txt
 	touch $(TRL_VENV)/bin/gspo
 
-# OMP_NUM_THREADS=1: one thread per framework process, the figures the README records.
+# OMP_NUM_THREADS=1: one thread per framework process, the figures docs/benchmarks.md records.
 # Pass flags with TRL_ARGS, e.g. make bench-trl TRL_ARGS="--shapes tiny-dense --rounds 3";
 # --workload realistic (uneven lengths, some no-signal groups) or fixed,realistic for both.
 bench-trl: $(TRL_VENV)/bin/gspo

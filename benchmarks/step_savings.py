@@ -35,11 +35,12 @@ from gspo_cli.recipe import Recipe
 from gspo_cli.rewards.math_verifier import MathVerifierPool, check_answer, check_answers
 from gspo_cli.rollout import RolloutBatch, SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
-from gspo_cli.train.distributed import LOCAL
-from gspo_cli.train.engine import TorchEngine
-from gspo_cli.train.engine_settings import engine_settings
-from gspo_cli.train.rewards import RewardScores
-from gspo_cli.train.step import StepSettings, rl_step
+from gspo_cli.train.engines.distributed import LOCAL
+from gspo_cli.train.engines.settings import engine_settings
+from gspo_cli.train.engines.torch_engine import TorchEngine
+from gspo_cli.train.step.rewards import RewardScores
+from gspo_cli.train.step.settings import StepSettings
+from gspo_cli.train.step.update import rl_step
 
 PROMPTS, SAMPLES = 16, 8  # the quickstart's batch
 

@@ -9,29 +9,26 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 import yaml
-from pydantic import ValidationError
 from rich.console import Console
 
 from gspo_cli.engines import TRAIN_ENGINES, multi_process_engines
-from gspo_cli.errors import GspoError
+from gspo_cli.errors import GspoError, Stopped
 from gspo_cli.recipe import Recipe, RecipeError, load_recipe
-from gspo_cli.recipe.loader import describe_error
 from gspo_cli.registry import UnknownNameError
 from gspo_cli.run_folder import COLD_START, HF_CONFIG, one_writer, run_dir_of, write_error
-from gspo_cli.train.signals import (
+from gspo_cli.train.run.signals import (
     INTERRUPT_EXIT,
-    Stopped,
     eval_stop_message,
     stop_message,
     stop_on_signals,
 )
 
 if TYPE_CHECKING:
-    from gspo_cli.eval.runner import EvalSettings
+    pass
 
 app = typer.Typer(
     name="gspo",
@@ -76,7 +73,7 @@ def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
 def _check_lora(file: Path, recipe: Recipe) -> None:
     """A LoRA target module the model lacks: one line, exit 2, before anything is written."""
     if recipe.model.lora.r:
-        from gspo_cli.train.adapters import early_target_problem
+        from gspo_cli.train.engines.adapters import early_target_problem
 
         problem = early_target_problem(recipe)
         if problem is not None:
@@ -112,14 +109,14 @@ def train(
     resolved = load_recipe(recipe, set_)  # a bad recipe fails before the heavy imports below
     run_dir = run_dir_of(resolved.trainer.out_dir, resolved.name, out)
     if resume and resolved.model.lora.r:
-        from gspo_cli.train.resume import check_resumed_base
+        from gspo_cli.train.run.resume import check_resumed_base
 
         check_resumed_base(resolved, run_dir)  # before the target check converts the file
     _check_lora(recipe, resolved)
     console.print(f"[bold]gspo train[/bold] {_summary(resolved)}", highlight=False)
     with _stop_line(lambda: stop_message(run_dir, sys.argv[1:])), _writer(run_dir, "gspo train"):
-        from gspo_cli.train.launch import launch, rank_dies_with_launcher, under_launcher
-        from gspo_cli.train.loop import train as run_training
+        from gspo_cli.train.engines.launch import launch, rank_dies_with_launcher, under_launcher
+        from gspo_cli.train.run.loop import train as run_training
 
         rank_dies_with_launcher()
 
@@ -144,7 +141,7 @@ def sft(recipe: RecipeArg, set_: SetOpt = None, out: OutOpt = None) -> None:
         return f"stopped before the cold start was saved; rerun with: gspo {_argv()}"
 
     with _stop_line(stopped), stop_on_signals(0), _writer(run_dir, "gspo sft"):
-        from gspo_cli.train.loop import run_sft_only
+        from gspo_cli.train.run.loop import run_sft_only
 
         run_sft_only(resolved, dump_recipe_yaml(resolved), run_dir=run_dir, console=console)
 
@@ -226,57 +223,13 @@ def eval_(
         "standings": standings,
         "seed": seed,
     }
-    settings = _eval_settings(checkpoint, flags, engine, prompt_template, recipe, resolved)
+    from gspo_cli.eval.settings import eval_settings
+
+    settings = eval_settings(checkpoint, flags, engine, prompt_template, recipe, resolved)
     allow_weak_isolation(resolved.reward.sandbox.allow_weak_isolation)
     folder = out or Path("evals") / settings.benchmark
     with _stop_line(lambda: eval_stop_message(folder, sys.argv[1:])), stop_on_signals(0):
         run_eval(settings, folder, resume=resume, console=console)
-
-
-def _eval_settings(
-    checkpoint: str,
-    flags: dict[str, Any],
-    engine: str | None,
-    template_flag: str | None,
-    recipe_file: Path | None,
-    resolved: Recipe,
-) -> EvalSettings:
-    """`gspo eval`'s settings: each flag given, else the recipe's eval section (--recipe, or the
-    defaults and --set); checked as a recipe's eval section is."""
-    from gspo_cli.eval.runner import EvalSettings
-    from gspo_cli.recipe.schema import EvalConfig
-
-    cfg, verifier = resolved.eval, resolved.reward  # eval defaults; maths verifier pool size
-    merged = {**cfg.model_dump(), **{k: v for k, v in flags.items() if v is not None}}
-    if merged["benchmark"] is None:
-        raise GspoError("eval: name a benchmark with --benchmark (or eval.benchmark in --recipe)")
-    settings = EvalSettings(
-        checkpoint=checkpoint,
-        benchmark=merged["benchmark"],
-        samples=merged["samples"],
-        temperature=0.6 if merged["temperature"] is None else merged["temperature"],
-        top_p=merged["top_p"],
-        max_new_tokens=merged["max_new_tokens"] or 1024,
-        limit=merged["limit"],
-        data=merged["data"],
-        start=merged["start"],
-        end=merged["end"],
-        standings=merged["standings"],
-        seed=merged["seed"],
-        verifier_workers=verifier.num_workers,
-        verifier_timeout_s=verifier.timeout_s,
-        engine=engine or resolved.rollout.engine,
-        prompt_template=_eval_template(template_flag, recipe_file, resolved, merged["benchmark"]),
-        # the model's own task gets the recipe's system prompt too, as its template
-        system_prompt=resolved.data.system_prompt if _own_task(recipe_file, merged) else None,
-        chat_template=resolved.data.chat_template,
-        chat_template_kwargs=resolved.data.chat_template_kwargs,
-    )
-    try:  # the same range and file checks as a recipe's eval section
-        EvalConfig.model_validate({k: merged[k] for k in EvalConfig.model_fields})
-    except ValidationError as exc:
-        raise RecipeError("gspo eval", [describe_error(e) for e in exc.errors()]) from None
-    return settings
 
 
 @app.command()
@@ -326,28 +279,6 @@ def compare(
         console=console,
     )
     raise typer.Exit(code)
-
-
-def _eval_template(
-    flag: str | None, recipe_file: Path | None, recipe: Recipe, benchmark: str
-) -> str | None:
-    """The prompt template `gspo eval` applies: --prompt-template, else for `custom` data (a
-    model's own task) the --recipe's, which the model was trained with; None: the benchmark's."""
-    from gspo_cli.recipe.inputs import check_template
-
-    if flag is not None:
-        try:
-            return check_template(flag)
-        except ValueError as exc:
-            raise GspoError(f"--prompt-template: {exc}") from None
-    if _own_task(recipe_file, {"benchmark": benchmark}):
-        return recipe.data.prompt_template
-    return None
-
-
-def _own_task(recipe_file: Path | None, merged: dict[str, Any]) -> bool:
-    """`custom` data evaluated with --recipe: the model's own task, asked as in training."""
-    return recipe_file is not None and merged["benchmark"] == "custom"
 
 
 def _writer(run_dir: Path, command: str) -> AbstractContextManager[None]:

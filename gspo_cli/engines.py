@@ -49,11 +49,13 @@ class RolloutEngineKind:
 TRAIN_ENGINES: Registry[TrainEngineKind] = Registry("training engine")
 TRAIN_ENGINES.add(
     "torch",
-    TrainEngineKind("gspo_cli.train.engine:TorchEngine", several_processes=False),
+    TrainEngineKind("gspo_cli.train.engines.torch_engine:TorchEngine", several_processes=False),
 )
 TRAIN_ENGINES.add(
     "deepspeed",
-    TrainEngineKind("gspo_cli.train.ds_engine:DeepSpeedEngine", several_processes=True),
+    TrainEngineKind(
+        "gspo_cli.train.engines.deepspeed_engine:DeepSpeedEngine", several_processes=True
+    ),
 )
 
 ROLLOUT_ENGINES: Registry[RolloutEngineKind] = Registry("rollout engine")

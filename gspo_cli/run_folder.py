@@ -54,9 +54,12 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gspo_cli.errors import GspoError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # Training run folder.
 RECIPE = "recipe.yaml"
@@ -327,3 +330,25 @@ def remove_partial(tmp: Path, exc: BaseException, where: Path) -> GspoError | No
     if isinstance(exc, OSError) and exc.errno:
         return write_error(exc, where)
     return None
+
+
+def save_hf_folder(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    run_dir: Path,
+    name: str,
+    what: str,
+) -> None:
+    """`run_dir/name` as an HF checkpoint (`what`, for the error line), written under a staging
+    name and renamed: a kill or a full disk leaves no half folder."""
+    tmp = run_dir / staging(name)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(run_dir / name)
+    except BaseException as exc:
+        problem = remove_partial(tmp, exc, run_dir)
+        if problem is None:
+            raise
+        raise GspoError(f"{problem}: {what} was not saved") from None

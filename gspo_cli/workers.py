@@ -4,7 +4,7 @@ A SIGKILLed (or OOM-killed) trainer runs no cleanup, so its children must arrang
 each one asks the Linux kernel for SIGKILL when its parent dies (`PR_SET_PDEATHSIG`). Pool workers
 also leave the trainer's process group (and ignore SIGINT): a signal sent to that whole group
 (Ctrl-C in a terminal, torchrun's SIGTERM or SIGINT to each rank's group, `kill -- -PGID`)
-reaches only the trainer, which stops at its own pace (train/signals.py) and shuts its pools
+reaches only the trainer, which stops at its own pace (train/run/signals.py) and shuts its pools
 down cleanly, with no worker tracebacks and no pool broken in the middle of a step. SIGTERM
 keeps its default action, on which the pool relies to end the workers of a broken pool.
 

@@ -60,7 +60,7 @@ TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-3600}
 MIN_FREE_GB=${MIN_FREE_GB:-6}
 # bubblewrap inside the container (as the image's non-root user) must mount a fresh /proc, which
 # the kernel refuses while podman masks paths under /proc; podman's default seccomp profile
-# already allows the user namespace. See the README's "Docker" section (and Docker's flags).
+# already allows the user namespace. See docs/docker.md (and Docker's flags).
 CONTAINER_RUN_FLAGS=${CONTAINER_RUN_FLAGS:---security-opt unmask=/proc/*}
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$REPO/docker/containers.conf}
 

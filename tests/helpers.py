@@ -1,6 +1,7 @@
 """Plain helpers the test modules share: the repository root, the CLI run in a subprocess or in
-this process, small recipes, a process holding a folder's lock, and known programs for the code
-reward. Light on purpose (no torch): `tests/rl_helpers.py` holds the RL step's fakes.
+this process, small recipes, a process holding a folder's lock, the processes a run leaves
+(from /proc), and known programs for the code reward. Light on purpose (no torch):
+`tests/rl_helpers.py` holds the RL step's fakes.
 
 Fixtures stay in the conftest files (pytest finds them there); those import from here too.
 """
@@ -13,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -194,3 +196,49 @@ print(sum((old - new).values()))
 def fenced(code: str) -> str:
     """`code` as a model would answer: in a fenced block between two sentences."""
     return f"Here is my solution.\n```python\n{code}```\nIt runs in O(n)."
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+
+def children(pid: int) -> list[int]:
+    """Live (not zombie) processes whose parent is `pid`, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue  # it ended while we looked
+        if int(ppid) == pid and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid`'s children, theirs, and so on: a launcher's ranks and their workers."""
+    found = children(pid)
+    for child in list(found):
+        found += descendants(child)
+    return found
+
+
+def alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":  # a zombie is dead, waiting for init to reap it
+            alive.append(pid)
+    return alive
+
+
+def wait_gone(pids: list[int], timeout: float = 60) -> list[int]:
+    """The pids still alive once all have ended or `timeout` passed (not a timing assert)."""
+    deadline = time.monotonic() + timeout
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive(pids)

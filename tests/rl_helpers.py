@@ -11,9 +11,9 @@ from transformers import PreTrainedTokenizerBase
 
 from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import RolloutBatch, SamplingParams
-from gspo_cli.train.engine import TorchEngine
-from gspo_cli.train.rewards import RewardScores
-from gspo_cli.train.step import StepSettings
+from gspo_cli.train.engines.torch_engine import TorchEngine
+from gspo_cli.train.step.rewards import RewardScores
+from gspo_cli.train.step.settings import StepSettings
 
 PROMPTS = [
     [2, 10, 11, 12, 3, 6, 2],

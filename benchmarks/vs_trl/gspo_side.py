@@ -35,10 +35,10 @@ class GspoSide:
         from gspo_cli.recipe import Recipe
         from gspo_cli.rollout import SamplingParams
         from gspo_cli.rollout.hf import HFGenerateEngine
-        from gspo_cli.train.distributed import LOCAL
-        from gspo_cli.train.engine import TorchEngine
-        from gspo_cli.train.engine_settings import engine_settings
-        from gspo_cli.train.step import StepSettings
+        from gspo_cli.train.engines.distributed import LOCAL
+        from gspo_cli.train.engines.settings import engine_settings
+        from gspo_cli.train.engines.torch_engine import TorchEngine
+        from gspo_cli.train.step.settings import StepSettings
 
         lengths = length_processor(tokenizer, workload)
         lora = {"r": LORA_R, "alpha": LORA_ALPHA, "target_modules": LORA_TARGETS}
@@ -72,8 +72,8 @@ class GspoSide:
         self.cycles = 0
 
     def cycle(self) -> dict[str, Any]:
-        from gspo_cli.train.rewards import RewardScores
-        from gspo_cli.train.step import rl_step
+        from gspo_cli.train.step.rewards import RewardScores
+        from gspo_cli.train.step.update import rl_step
 
         def reward(texts: list[str], rows: list[Any], completion_ids: Any) -> RewardScores:
             scores = self.rewards(texts, [row["prompt"] for row in rows])

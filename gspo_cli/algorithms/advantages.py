@@ -24,14 +24,16 @@ def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: bool = Tr
         raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
     if group_size < 1 or rewards.numel() % group_size != 0:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    grouped = rewards.float().view(-1, group_size)  # [Q, G]
+    # float64 throughout, float32 at the end: a KL penalty in the reward differs between a
+    # group's responses by far less than float32 resolves next to a reward of 1 (~6e-8).
+    grouped = rewards.double().view(-1, group_size)  # [Q, G]
     centred = grouped - grouped.mean(dim=1, keepdim=True)  # [Q, G]
     if scale:
         std = grouped.std(dim=1, keepdim=True, unbiased=False)  # [Q, 1]
         centred = centred / (std + ADVANTAGE_STD_EPS)
     # Equal rewards must give exactly 0; floating-point means can leave a 1e-8 residue.
     constant = zero_signal_groups(rewards, group_size).unsqueeze(1)  # [Q, 1]
-    return torch.where(constant, torch.zeros_like(centred), centred).view(-1)  # [N]
+    return torch.where(constant, torch.zeros_like(centred), centred).view(-1).float()  # [N]
 
 
 def zero_signal_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -18,7 +18,11 @@ from gspo_cli.registry import Registry
 
 # Log-ratios are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exp: a stale or corrupted
 # sample (log-ratio of hundreds) would otherwise give inf ratios and NaN gradients. exp(20) ~ 5e8
-# is far outside any clip range, so the clamp never changes a value that the clip would keep.
+# is far outside any clip range. With a positive advantage the clip already holds such a ratio
+# flat, so the clamp changes nothing. With a negative advantage it does: the pessimistic min
+# keeps the unclipped term r * A for any r above 1 + eps_high, so past the clamp that term is
+# exp(20) * A instead of r * A, and its gradient is 0 (the clamp's) instead of growing with r.
+# Such a sample is broken rather than learnable; dropping its gradient is the intended guard.
 LOG_RATIO_CLAMP = 20.0
 
 

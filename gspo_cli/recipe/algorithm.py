@@ -50,7 +50,7 @@ class AlgorithmConfig(Section):
     rollout_correction: str = Field(
         "off",
         description="Off-policy correction for engine-vs-trainer mismatch: off, token_tis, "
-        "seq_mask or seq_truncate (registered; see the README).",
+        "seq_mask or seq_truncate (registered; see docs/rollout-engines.md).",
     )
     correction_cap: float = Field(
         2.0,

@@ -67,8 +67,8 @@ class TrainerConfig(Section):
     )
     on_collapse: Literal["warn", "stop", "rollback"] = Field(
         "stop",
-        description="On a collapse signal (entropy, reward, ratio, held-out; see README): warn, "
-        "stop, or roll back to the last good checkpoint.",
+        description="On a collapse signal (entropy, reward, ratio, held-out): warn, stop, or "
+        "roll back to the last good checkpoint (docs/guards-and-reliability.md).",
     )
     rollback_lr_factor: float = Field(
         0.5, gt=0, le=1, description="Learning-rate multiplier applied at each rollback."

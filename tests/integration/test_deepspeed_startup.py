@@ -36,7 +36,8 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 def test_torch_engine_code_never_imports_deepspeed() -> None:
     code = (
         "import sys\n"
-        "import gspo_cli.cli, gspo_cli.train.loop, gspo_cli.train.launch, gspo_cli.eval.runner\n"
+        "import gspo_cli.cli, gspo_cli.train.run.loop, gspo_cli.train.engines.launch\n"
+        "import gspo_cli.eval.runner\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'deepspeed'))\n"
     )
     assert _python(code).stdout.strip() == "[]"
@@ -45,7 +46,7 @@ def test_torch_engine_code_never_imports_deepspeed() -> None:
 def test_deepspeed_on_cpu_is_told_its_accelerator_and_does_not_warn() -> None:
     code = (
         "import torch\n"
-        "from gspo_cli.train.distributed import import_deepspeed\n"
+        "from gspo_cli.train.engines.distributed import import_deepspeed\n"
         "import_deepspeed(torch.device('cpu'))\n"
         "from deepspeed.accelerator import get_accelerator\n"
         "print(get_accelerator().device_name())\n"
@@ -58,7 +59,8 @@ def test_deepspeed_on_cpu_is_told_its_accelerator_and_does_not_warn() -> None:
 def test_the_first_build_of_the_shm_op_is_announced(tmp_path: Path) -> None:
     code = (
         "import os, torch\n"
-        "from gspo_cli.train.distributed import SHM_OP, import_deepspeed, shm_op_build_note\n"
+        "from gspo_cli.train.engines.distributed import SHM_OP, import_deepspeed\n"
+        "from gspo_cli.train.engines.distributed import shm_op_build_note\n"
         "import_deepspeed(torch.device('cpu'))\n"
         "print(shm_op_build_note())\n"
         "folder = os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], SHM_OP)\n"

@@ -1,4 +1,4 @@
-"""pi_old from the rollout engine's log-probs (`rollout.use_engine_logprobs`, train/old_policy.py):
+"""pi_old from the rollout engine's log-probs (`rollout.use_engine_logprobs`, step/old_policy.py):
 the update equals the recompute's, `auto` falls back when the gap is too wide, and says so."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from gspo_cli.models.forward.batch import TrainBatch
 from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import RolloutBatch, SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
-from gspo_cli.train.distributed import LOCAL
-from gspo_cli.train.engine import TorchEngine
-from gspo_cli.train.engine_settings import engine_settings
-from gspo_cli.train.guard import Guard
-from gspo_cli.train.old_policy import gap_limit, resolve_engine_logprobs
-from gspo_cli.train.rewards import RewardScores
-from gspo_cli.train.step import rl_step
+from gspo_cli.train.engines.distributed import LOCAL
+from gspo_cli.train.engines.settings import engine_settings
+from gspo_cli.train.engines.torch_engine import TorchEngine
+from gspo_cli.train.run.guard import Guard
+from gspo_cli.train.step.old_policy import gap_limit, resolve_engine_logprobs
+from gspo_cli.train.step.rewards import RewardScores
+from gspo_cli.train.step.update import rl_step
 from tests.rl_helpers import tiny_step
 
 PROMPTS = [[2, 10, 11, 12, 3, 6, 2], [2, 20, 21, 3, 6, 2], [2, 30, 31, 32, 33, 3, 6, 2]]

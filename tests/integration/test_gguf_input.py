@@ -234,7 +234,7 @@ def test_the_base_of_a_pretrained_builtin_is_its_wheel_file(
 ) -> None:
     from gspo_cli.models import loading
     from gspo_cli.recipe import Recipe
-    from gspo_cli.train.adapters import base_sha256
+    from gspo_cli.train.engines.adapters import base_sha256
 
     wheel_file = _write_gguf(tmp_path / "SmolLM2.gguf", "llama")
     monkeypatch.setattr(loading, "wheel_gguf", lambda name: wheel_file)

@@ -15,12 +15,12 @@ from gspo_cli.cli import dump_recipe_yaml
 from gspo_cli.errors import GspoError
 from gspo_cli.models import create_builtin
 from gspo_cli.recipe import Recipe, load_recipe
-from gspo_cli.train.checkpoint import save_checkpoint
-from gspo_cli.train.distributed import LOCAL
-from gspo_cli.train.engine import TorchEngine
-from gspo_cli.train.engine_settings import engine_settings
-from gspo_cli.train.loop import run_loop
-from gspo_cli.train.prepare import prepare_run
+from gspo_cli.train.engines.distributed import LOCAL
+from gspo_cli.train.engines.settings import engine_settings
+from gspo_cli.train.engines.torch_engine import TorchEngine
+from gspo_cli.train.run.checkpoint import save_checkpoint
+from gspo_cli.train.run.loop import run_loop
+from gspo_cli.train.run.prepare import prepare_run
 from tests.helpers import invoke_cli
 
 

@@ -18,12 +18,12 @@ from gspo_cli.models.forward.batch import build_train_batch
 from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import RolloutBatch, SamplingParams
 from gspo_cli.run_folder import TRAINER_STATE
-from gspo_cli.train.distributed import LOCAL
-from gspo_cli.train.engine import FrozenPolicy, TorchEngine
-from gspo_cli.train.engine_settings import engine_settings
-from gspo_cli.train.reference import reference_state, refresh, restore_reference
-from gspo_cli.train.rewards import RewardScores
-from gspo_cli.train.step import rl_step
+from gspo_cli.train.engines.distributed import LOCAL
+from gspo_cli.train.engines.settings import engine_settings
+from gspo_cli.train.engines.torch_engine import FrozenPolicy, TorchEngine
+from gspo_cli.train.run.reference import reference_state, refresh, restore_reference
+from gspo_cli.train.step.rewards import RewardScores
+from gspo_cli.train.step.update import rl_step
 from tests.rl_helpers import FixedRollout, GradCapturingEngine, tiny_step
 
 GROUP = 4

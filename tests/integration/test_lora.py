@@ -24,11 +24,11 @@ from gspo_cli.models.forward.batch import TrainBatch, build_train_batch
 from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
-from gspo_cli.train.distributed import LOCAL
-from gspo_cli.train.engine import FrozenPolicy, TorchEngine
-from gspo_cli.train.engine_settings import engine_settings
-from gspo_cli.train.reference import BaseReference
-from gspo_cli.train.step import rl_step
+from gspo_cli.train.engines.distributed import LOCAL
+from gspo_cli.train.engines.settings import engine_settings
+from gspo_cli.train.engines.torch_engine import FrozenPolicy, TorchEngine
+from gspo_cli.train.run.reference import BaseReference
+from gspo_cli.train.step.update import rl_step
 from tests.helpers import invoke_cli, write_recipe
 from tests.rl_helpers import GROUP, PROMPTS, LengthParityReward, tiny_step
 

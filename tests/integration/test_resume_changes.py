@@ -15,9 +15,9 @@ from rich.console import Console
 from gspo_cli.cli import dump_recipe_yaml
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe import load_recipe
-from gspo_cli.train.engine import UpdateFailed
-from gspo_cli.train.loop import run_loop
-from gspo_cli.train.prepare import prepare_run
+from gspo_cli.train.engines.torch_engine import UpdateFailed
+from gspo_cli.train.run.loop import run_loop
+from gspo_cli.train.run.prepare import prepare_run
 from tests.helpers import invoke_cli
 
 

@@ -11,9 +11,9 @@ from gspo_cli.models import create_builtin
 from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
-from gspo_cli.train.distributed import LOCAL
-from gspo_cli.train.engine_settings import engine_settings
-from gspo_cli.train.step import rl_step
+from gspo_cli.train.engines.distributed import LOCAL
+from gspo_cli.train.engines.settings import engine_settings
+from gspo_cli.train.step.update import rl_step
 from tests.rl_helpers import (
     GROUP,
     PROMPTS,

@@ -15,10 +15,10 @@ from gspo_cli.models.forward.logprobs import response_logprobs
 from gspo_cli.recipe import Recipe, RecipeError, load_recipe
 from gspo_cli.rollout import EngineSpec, SamplingParams, make_rollout_engine
 from gspo_cli.rollout.hf import HFGenerateEngine
-from gspo_cli.train.distributed import LOCAL
-from gspo_cli.train.engine import TorchEngine
-from gspo_cli.train.engine_settings import engine_settings
-from gspo_cli.train.step import rl_step
+from gspo_cli.train.engines.distributed import LOCAL
+from gspo_cli.train.engines.settings import engine_settings
+from gspo_cli.train.engines.torch_engine import TorchEngine
+from gspo_cli.train.step.update import rl_step
 from tests.rl_helpers import PROMPTS, LengthParityReward, tiny_step
 
 

@@ -1,5 +1,5 @@
 """Work the RL step leaves out must not change the update: zero-advantage rows skipped,
-length-bucketed micro-batches under a token budget (train/micro.py)."""
+length-bucketed micro-batches under a token budget (train/step/micro.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from gspo_cli.models.forward.batch import TrainBatch
 from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
-from gspo_cli.train.distributed import LOCAL
-from gspo_cli.train.engine_settings import engine_settings
-from gspo_cli.train.micro import bucket
-from gspo_cli.train.rewards import RewardScores
-from gspo_cli.train.step import rl_step
+from gspo_cli.train.engines.distributed import LOCAL
+from gspo_cli.train.engines.settings import engine_settings
+from gspo_cli.train.step.micro import bucket
+from gspo_cli.train.step.rewards import RewardScores
+from gspo_cli.train.step.update import rl_step
 from tests.rl_helpers import GROUP, PROMPTS, FixedRollout, GradCapturingEngine, tiny_step
 
 # Prompts 0 and 2 are "solved" by every sample (a group with no signal); 1 and 3 vary.

@@ -13,11 +13,20 @@ from pathlib import Path
 
 import pytest
 
+from gspo_cli.errors import Stopped
 from gspo_cli.recipe import load_recipe
 from gspo_cli.run_folder import CHECKPOINTS, LATEST
-from gspo_cli.train.prepare import prepare_run
-from gspo_cli.train.signals import Stopped, stop_on_signals
-from tests.helpers import REPO, interruptible, run_cli, write_recipe
+from gspo_cli.train.run.prepare import prepare_run
+from gspo_cli.train.run.signals import stop_on_signals
+from tests.helpers import (
+    REPO,
+    children,
+    descendants,
+    interruptible,
+    run_cli,
+    wait_gone,
+    write_recipe,
+)
 
 # builtin:tiny-dense, no cold start: the first step comes within seconds; 200 steps outlast
 # every test, which stops the run itself.
@@ -26,49 +35,6 @@ LONG_RUN = {
     "trainer": {"steps": 200, "checkpoint_every": 1000, "stop_grace_s": 2},
     "reward": {"num_workers": 2},
 }
-
-
-def _children(pid: int) -> list[int]:
-    """Live (not zombie) processes whose parent is `pid`, from /proc."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
-        except (OSError, ValueError):
-            continue  # it ended while we looked
-        if int(ppid) == pid and state != "Z":
-            found.append(int(entry.name))
-    return found
-
-
-def _descendants(pid: int) -> list[int]:
-    """`pid`'s children, theirs, and so on: a launcher's ranks and their workers."""
-    found = _children(pid)
-    for child in list(found):
-        found += _descendants(child)
-    return found
-
-
-def _alive(pids: list[int]) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z":  # a zombie is dead, waiting for init to reap it
-            alive.append(pid)
-    return alive
-
-
-def _wait_gone(pids: list[int], timeout: float = 60) -> list[int]:
-    """The pids still alive once all have ended or `timeout` passed (not a timing assert)."""
-    deadline = time.monotonic() + timeout
-    while _alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return _alive(pids)
 
 
 class Trainer:
@@ -130,11 +96,11 @@ def trainer(tmp_path: Path):  # type: ignore[no-untyped-def]
 def test_sigkill_leaves_no_worker_alive(trainer) -> None:  # type: ignore[no-untyped-def]
     run = trainer()
     run.wait_for_step(1)  # held-out accuracy at step 0 has started the verifier workers
-    workers = _children(run.proc.pid)
+    workers = children(run.proc.pid)
     assert len(workers) >= 2, "the maths verifier workers were not found: the test would be vacuous"
     os.kill(run.proc.pid, signal.SIGKILL)
     assert run.finish() == -signal.SIGKILL
-    assert _wait_gone(workers) == [], "workers outlived the SIGKILLed trainer"
+    assert wait_gone(workers) == [], "workers outlived the SIGKILLed trainer"
 
 
 def _stop_line(run: Trainer) -> str:
@@ -148,7 +114,7 @@ def _stop_line(run: Trainer) -> str:
 def test_sigterm_stops_with_one_line_that_matches_the_run_folder(trainer) -> None:  # type: ignore[no-untyped-def]
     run = trainer()
     run.wait_for_step(2)
-    workers = _children(run.proc.pid)
+    workers = children(run.proc.pid)
     os.kill(run.proc.pid, signal.SIGTERM)
     assert run.finish() == 128 + signal.SIGTERM
     line = _stop_line(run)
@@ -164,18 +130,18 @@ def test_sigterm_stops_with_one_line_that_matches_the_run_folder(trainer) -> Non
         assert "(checkpoint saved)" in line
     else:
         assert "no checkpoint yet: a resume starts from step 0" in line
-    assert _wait_gone(workers) == []
+    assert wait_gone(workers) == []
 
 
 def test_ctrl_c_stops_with_one_line_and_no_worker_traceback(trainer) -> None:  # type: ignore[no-untyped-def]
     run = trainer()
     run.wait_for_step(1)
-    workers = _children(run.proc.pid)
+    workers = children(run.proc.pid)
     os.killpg(run.proc.pid, signal.SIGINT)  # a terminal sends Ctrl-C to the whole group
     assert run.finish() == 130
     line = _stop_line(run)
     assert line.startswith("stopped at step ") and line.endswith(" --resume"), line
-    assert _wait_gone(workers) == []
+    assert wait_gone(workers) == []
 
 
 @pytest.mark.slow
@@ -188,7 +154,7 @@ def test_two_processes_stop_with_one_line_and_leave_no_process(trainer, signum: 
     # A long grace: on a busy machine a step may take more than LONG_RUN's 2 s.
     run = trainer(nproc=2, trainer={"engine": "deepspeed", "stop_grace_s": 120})
     run.wait_for_step(2)
-    launched = _descendants(run.proc.pid)  # torchrun, its 2 ranks, their verifier workers
+    launched = descendants(run.proc.pid)  # torchrun, its 2 ranks, their verifier workers
     assert len(launched) >= 5, "ranks or workers not found: the test would be vacuous"
     if signum == signal.SIGTERM:
         os.kill(run.proc.pid, signum)
@@ -200,7 +166,7 @@ def test_two_processes_stop_with_one_line_and_leave_no_process(trainer, signum: 
     command = f"gspo train {run.recipe} --out {run.out} --nproc 2 --resume"
     assert line == f"stopped at step {done} (checkpoint saved); resume with: {command}"
     assert (run.out / CHECKPOINTS / LATEST).read_text().strip() == f"step_{done:06d}"
-    assert _wait_gone(launched) == [], "processes outlived the stopped run"
+    assert wait_gone(launched) == [], "processes outlived the stopped run"
 
 
 @pytest.mark.slow

@@ -36,3 +36,15 @@ def test_two_sample_group_gives_plus_minus_one() -> None:
 def test_rejects_ragged_groups() -> None:
     with pytest.raises(ValueError, match="groups of 4"):
         group_advantages(torch.zeros(6), 4)
+
+
+def test_penalty_differences_below_float32_resolution_survive() -> None:
+    """A KL penalty in the reward can separate an all-correct group's rewards by ~1e-9, below
+    float32's resolution next to 1: the advantages are computed in float64 (issue 35)."""
+    rewards = torch.tensor([1.0, 1.0 - 1e-9, 1.0 - 3e-9, 1.0 - 2e-9], dtype=torch.float64)
+    centred = rewards - rewards.mean()
+    expected = centred / (rewards.std(unbiased=False) + ADVANTAGE_STD_EPS)
+    got = group_advantages(rewards, 4)
+    assert got.dtype == torch.float32
+    assert torch.allclose(got.double(), expected, rtol=1e-6, atol=0)
+    assert float(got.abs().min()) > 1e-5  # float32 first would give exactly 0

@@ -9,9 +9,9 @@ import torch
 
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe import Recipe
-from gspo_cli.train.async_rollouts import in_flight_file, saved_in_flight
-from gspo_cli.train.distributed import LOCAL
-from gspo_cli.train.rollout_worker import WorkerPlan
+from gspo_cli.train.async_rollouts.trainer import in_flight_file, saved_in_flight
+from gspo_cli.train.async_rollouts.worker import WorkerPlan
+from gspo_cli.train.engines.distributed import LOCAL
 
 
 def _plan(staleness: int, start: int) -> WorkerPlan:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from gspo_cli.collapse import CollapseDetector, replay
-from gspo_cli.train.guard import Guard
+from gspo_cli.train.run.guard import Guard
 
 
 def _healthy(step: int) -> dict[str, float]:

@@ -21,15 +21,15 @@ from gspo_cli.models.tokenizer import CHAT_TEMPLATE, build_char_tokenizer
 from gspo_cli.recipe import Recipe
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import SamplingParams
-from gspo_cli.train.heldout import heldout_accuracy
-from gspo_cli.train.problem_sets import (
+from gspo_cli.train.run.heldout import heldout_accuracy
+from gspo_cli.train.run.problem_sets import (
     Problems,
     eval_format,
     load_problems,
     run_problems,
     training_rows,
 )
-from gspo_cli.train.sft import cold_start
+from gspo_cli.train.run.sft import cold_start
 from tests.fixed_engine import FixedRolloutEngine
 
 SYSTEM, USER, ASSISTANT = "system", "user", "assistant"
@@ -142,7 +142,7 @@ def test_cold_start_imitates_the_split_target(
         targets.append(tok.decode(prompt_ids) + solution)
         raise StopIteration  # what cold start would train on is all this test reads
 
-    monkeypatch.setattr("gspo_cli.train.sft._encode", encode)
+    monkeypatch.setattr("gspo_cli.train.run.sft._encode", encode)
     with pytest.raises(StopIteration):
         cold_start(None, tokenizer, train.prompts, train.rows, recipe.cold_start, 0)  # type: ignore[arg-type]
     assert targets == [_chatml((USER, "What is 3 + 4?")) + "\\boxed{7}"]

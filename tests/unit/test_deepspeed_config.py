@@ -7,8 +7,8 @@ import pytest
 
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe import Recipe, RecipeError, load_recipe
-from gspo_cli.train.ds_engine import deepspeed_config
-from gspo_cli.train.engine_settings import engine_settings
+from gspo_cli.train.engines.deepspeed_engine import deepspeed_config
+from gspo_cli.train.engines.settings import engine_settings
 
 
 def _recipe(**sections: object) -> Recipe:
@@ -62,7 +62,7 @@ def test_offload_params_needs_zero3(tmp_path: Path) -> None:
 
 
 def test_world_size_checks_name_the_fix() -> None:
-    from gspo_cli.train.distributed import check_world_size
+    from gspo_cli.train.engines.distributed import check_world_size
 
     base = {"rollout": {"num_prompts": 2, "group_size": 12}, "algorithm": {"minibatches": 2}}
     check_world_size(_recipe(**base), 2)

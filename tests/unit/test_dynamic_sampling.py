@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from gspo_cli.rollout import RolloutBatch, SamplingParams
-from gspo_cli.train.distributed import LOCAL, DistContext
-from gspo_cli.train.dynamic_sampling import (
+from gspo_cli.train.engines.distributed import LOCAL, DistContext
+from gspo_cli.train.step.dynamic_sampling import (
     Collected,
     Sampling,
     collect_step,
@@ -20,9 +20,9 @@ from gspo_cli.train.dynamic_sampling import (
     round_seed,
     short_notice,
 )
-from gspo_cli.train.rewards import RewardScores
-from gspo_cli.train.sampler import PromptSampler
-from gspo_cli.train.step import StepSettings
+from gspo_cli.train.step.rewards import RewardScores
+from gspo_cli.train.step.sampler import PromptSampler
+from gspo_cli.train.step.settings import StepSettings
 from tests.rl_helpers import tiny_step
 
 G, Q, ROWS = 2, 4, 10

@@ -12,7 +12,7 @@ from gspo_cli.data import load_rows
 from gspo_cli.errors import GspoError
 from gspo_cli.models.builtin import create_builtin
 from gspo_cli.recipe import Recipe
-from gspo_cli.train.problem_sets import (
+from gspo_cli.train.run.problem_sets import (
     carves_heldout,
     heldout_note,
     heldout_problems,

@@ -1,8 +1,11 @@
-"""The house stays in order: no import circles, no upward arrows, no file over 500 lines, no
-unexplained function over 80 (scripts/house.py), and README's code layout names every module."""
+"""The house stays in order: no import circles, no packages importing each other, no upward
+arrows (train/'s wings included), no file over 400 lines, no unexplained function over 80
+(scripts/house.py), no test module importing another, and the code layout page,
+docs/code-layout.md, names every module."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import sys
@@ -58,12 +61,74 @@ def test_the_survey_finds_a_circle_an_upward_arrow_and_long_code(tmp_path: Path)
     assert len(findings) == 4, findings
 
 
+LAYOUT = REPO / "docs" / "code-layout.md"
+
+
+def test_the_survey_finds_packages_that_import_each_other_and_a_wing_arrow(tmp_path: Path) -> None:
+    package = _plant(
+        tmp_path,
+        {
+            # one layer, no module circle, but the two packages import each other
+            "rollout/__init__.py": "",
+            "rollout/base.py": "from gspo_cli.models.forward import batch\n",
+            "models/__init__.py": "",
+            "models/forward/__init__.py": "",
+            "models/forward/batch.py": "from gspo_cli.rollout.types import Batch\n",
+            "rollout/types.py": "Batch = list\n",
+            # train/'s wings: step sits below run
+            "train/__init__.py": "",
+            "train/run/__init__.py": "",
+            "train/run/loop.py": "from gspo_cli.train.step import update\n",
+            "train/step/__init__.py": "",
+            "train/step/update.py": "",
+            "train/step/collect.py": "from gspo_cli.train.run.loop import x\n",
+        },
+    )
+    findings = _house().survey(package)
+    assert "package circle: gspo_cli.models <-> gspo_cli.rollout" in findings
+    assert "upward arrow: gspo_cli.train.step.collect -> gspo_cli.train.run.loop" in findings
+    assert "package circle: gspo_cli.train.run <-> gspo_cli.train.step" in findings
+    assert not any(f.startswith("import circle") for f in findings), findings
+    assert len(findings) == 3, findings
+
+
+def _test_module_imports(root: Path) -> list[str]:
+    """`file: module` for each import of one test module (`test_*`) by another file of tests/."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            for name in names:
+                if name.rsplit(".", 1)[-1].startswith("test_"):
+                    found.append(f"{path.relative_to(root.parent)}: {name}")
+                    break
+    return found
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared helpers live in tests/helpers.py (and rl_helpers.py), never in a test module."""
+    assert _test_module_imports(REPO / "tests") == []
+
+
+def test_a_test_to_test_import_is_found(tmp_path: Path) -> None:
+    (tmp_path / "tests" / "integration").mkdir(parents=True)
+    planted = "from tests.integration.test_stop_signals import wait\n"
+    (tmp_path / "tests" / "integration" / "test_async.py").write_text(planted)
+    (tmp_path / "tests" / "helpers.py").write_text("from tests.small_models import tiny\n")
+    found = _test_module_imports(tmp_path / "tests")
+    assert found == ["tests/integration/test_async.py: tests.integration.test_stop_signals"]
+
+
 def _layout() -> dict[str, str]:
-    """README's code-layout section: each bullet's text by its first backticked name."""
-    text = (REPO / "README.md").read_text()
-    section = text.split("\n## Code layout\n", 1)[1].split("\n## ", 1)[0]
+    """docs/code-layout.md: each bullet's text by its first backticked name."""
+    text = LAYOUT.read_text()
     bullets: dict[str, str] = {}
-    for bullet in re.split(r"\n(?=- `)", section):
+    for bullet in re.split(r"\n(?=- `)", text):
         match = re.match(r"- `([^`]+)`", bullet)
         if match:
             bullets[match.group(1)] = bullet
@@ -75,7 +140,7 @@ def _named(text: str) -> set[str]:
     return {name.rsplit("/", 1)[-1] for name in re.findall(r"`([\w/]+\.py)`", text)}
 
 
-def test_the_readme_layout_names_every_module_and_no_other() -> None:
+def test_the_layout_page_names_every_module_and_no_other() -> None:
     bullets = _layout()
     top_level = set().union(*(_named(b) for key, b in bullets.items() if not key.endswith("/")))
     unnamed, stale = [], []
@@ -93,5 +158,5 @@ def test_the_readme_layout_names_every_module_and_no_other() -> None:
             named = path.name in _named(bullets.get(f"{relative.parts[0]}/", ""))
         if not named:
             unnamed.append(str(relative))
-    assert not unnamed, f"README's code layout does not name: {', '.join(unnamed)}"
-    assert not stale, f"README's code layout names modules that do not exist: {', '.join(stale)}"
+    assert not unnamed, f"docs/code-layout.md does not name: {', '.join(unnamed)}"
+    assert not stale, f"docs/code-layout.md names modules that do not exist: {', '.join(stale)}"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gspo_cli.train.metric_rules import combine
+from gspo_cli.train.engines.metric_rules import combine
 
 
 @pytest.mark.parametrize(
@@ -23,7 +23,7 @@ def test_each_kind_of_metric_combines_by_its_rule(key: str, expected: float) -> 
 def test_clip_fractions_combine_over_ranks_by_all_their_tokens() -> None:
     # After zero-advantage skipping a clip fraction is a share of ALL of a rank's response
     # tokens; a rank that trained no row must still count its tokens in the denominator.
-    from gspo_cli.train.metric_rules import rank_weight_key
+    from gspo_cli.train.engines.metric_rules import rank_weight_key
 
     ranks = [
         {"clip_frac": 0.0, "response_tokens": 0.0, "completion_tokens": 100.0},  # all skipped

@@ -171,7 +171,7 @@ def test_lengths_are_checked_again_once_the_model_is_loaded(tmp_path: Path) -> N
     # A hub model's config is unknown at validate time; after loading, its positions are.
     from gspo_cli.errors import GspoError
     from gspo_cli.models import create_builtin
-    from gspo_cli.train.cold_start import load_recipe_model
+    from gspo_cli.train.run.cold_start import load_recipe_model
 
     model, tokenizer = create_builtin("tiny-dense", seed=0)
     model.config.max_position_embeddings = 128

@@ -10,8 +10,8 @@ import yaml
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe import Recipe
 from gspo_cli.run_folder import CHECKPOINTS, LATEST, RECIPE
-from gspo_cli.train.guard import resume_advice
-from gspo_cli.train.resume import check_resumable, resume_changes
+from gspo_cli.train.run.guard import resume_advice
+from gspo_cli.train.run.resume import check_resumable, resume_changes
 
 
 def _yaml(**sections: dict[str, object]) -> str:

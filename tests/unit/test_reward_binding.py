@@ -9,7 +9,7 @@ from gspo_cli.recipe.reward import RewardConfig, RewardFunctionConfig
 from gspo_cli.rewards.binding import RewardServices, bind_reward, reward_signature
 from gspo_cli.rewards.code.reward import code_reward
 from gspo_cli.rewards.math_verifier import MathVerifierPool, math_reward
-from gspo_cli.train.rewards import RewardModel
+from gspo_cli.train.step.rewards import RewardModel
 
 
 def test_signatures_name_columns_options_and_services() -> None:

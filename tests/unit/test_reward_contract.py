@@ -20,7 +20,7 @@ from gspo_cli.errors import GspoError
 from gspo_cli.recipe.loader import RecipeError, load_recipe
 from gspo_cli.recipe.reward import RewardConfig, RewardFunctionConfig
 from gspo_cli.rewards.binding import RewardServices, bind_reward, resolve_reward
-from gspo_cli.train.rewards import RewardModel
+from gspo_cli.train.step.rewards import RewardModel
 
 USER_REWARDS = """
 import re
@@ -260,7 +260,7 @@ def test_each_function_has_its_mean_in_the_metrics(user: Callable[[str], str]) -
 
 
 def test_metric_labels_are_short_and_unique() -> None:
-    from gspo_cli.train.rewards import metric_labels
+    from gspo_cli.train.step.rewards import metric_labels
 
     def entry(name: str) -> Any:
         return RewardFunctionConfig.model_construct(name=name)

@@ -24,11 +24,11 @@ from gspo_cli.models.routing import ExpertRouting, RoutingError, join_rows, spli
 from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import RolloutBatch, SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
-from gspo_cli.train.distributed import LOCAL
-from gspo_cli.train.engine import TorchEngine
-from gspo_cli.train.engine_settings import engine_settings
-from gspo_cli.train.replay import StepRouting
-from gspo_cli.train.step import rl_step
+from gspo_cli.train.engines.distributed import LOCAL
+from gspo_cli.train.engines.settings import engine_settings
+from gspo_cli.train.engines.torch_engine import TorchEngine
+from gspo_cli.train.step.replay import StepRouting
+from gspo_cli.train.step.update import rl_step
 from tests.rl_helpers import PROMPTS, LengthParityReward, tiny_step
 
 SMALL = {

@@ -18,7 +18,7 @@ from gspo_cli.rewards.code import code_reward, judge_completions, judge_program,
 from gspo_cli.rewards.code import isolation as iso
 from gspo_cli.rewards.code.isolation import WeakIsolationError
 from gspo_cli.rewards.code.sandbox import Limits
-from gspo_cli.train.rewards import RewardModel
+from gspo_cli.train.step.rewards import RewardModel
 
 WEAK = [m for m in iso.available_modes() if m != "bwrap"]
 FAST = Limits(time_limit_s=2.0)

@@ -396,7 +396,7 @@ def test_every_successor_is_registered_with_paper_clip() -> None:
     "name,expected", [("luspo", "auto"), ("sapo", False), ("gmpo", False), ("cispo", False)]
 )
 def test_only_luspo_may_take_pi_old_from_the_engine(name: str, expected: bool | str) -> None:
-    from gspo_cli.train.old_policy import resolve_engine_logprobs
+    from gspo_cli.train.step.old_policy import resolve_engine_logprobs
 
     exact = {"top_p": 1.0, "top_k": 0, "rollout_correction": "off", "routing_replay": "off"}
     assert resolve_engine_logprobs("auto", algorithm=name, **exact) == expected  # type: ignore[arg-type]

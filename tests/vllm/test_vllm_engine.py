@@ -19,9 +19,9 @@ from gspo_cli.models.forward.logprobs import response_logprobs
 from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import EngineSpec, SamplingParams, make_rollout_engine
 from gspo_cli.rollout.base import RolloutBatch
-from gspo_cli.train.distributed import LOCAL
-from gspo_cli.train.engine import TorchEngine
-from gspo_cli.train.engine_settings import engine_settings
+from gspo_cli.train.engines.distributed import LOCAL
+from gspo_cli.train.engines.settings import engine_settings
+from gspo_cli.train.engines.torch_engine import TorchEngine
 
 PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
 

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from gspo_cli.rollout.base import RolloutBatch
+from gspo_cli.rollout_batch import RolloutBatch
 
 
 class TrainBatch(NamedTuple):

@@ -1,0 +1,1 @@
+"""Training engines (plain torch, DeepSpeed), the optimiser, process groups and launchers."""

@@ -1,0 +1,183 @@
+"""Process-group helpers: who am I, sums across ranks, and metric reduction.
+
+One process (the plain-torch engine) uses `LOCAL`, whose operations are identities, so the RL
+step has a single code path for any world size.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gspo_cli.errors import GspoError
+from gspo_cli.recipe.schema import Recipe
+from gspo_cli.train.engines.metric_rules import combine, rank_weight_key
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1 and dist.is_available() and dist.is_initialized()
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+    def all_reduce_sum(self, value: float) -> float:
+        if not self.active:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(tensor)
+        return float(tensor.item())
+
+    def all_reduce_max(self, value: float) -> float:
+        if not self.active:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return float(tensor.item())
+
+    def all_gather(self, value: Any) -> list[Any]:
+        """Every rank's (picklable) `value`, in rank order; `[value]` in one process."""
+        if not self.active:
+            return [value]
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, value)
+        return gathered
+
+    def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Means of means, min of mins, max of maxes, sums of counts; throughput summed."""
+        if not self.active:
+            return metrics
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, metrics)
+        out: dict[str, float] = {}
+        for key in dict.fromkeys(k for g in gathered for k in g):  # every rank's keys, in order
+            holders = [g for g in gathered if key in g]  # a rank that trained no row lacks some
+            weights = [float(g[rank_weight_key(key)]) for g in holders]
+            out[key] = combine(key, [float(g[key]) for g in holders], weights)
+        out["tokens_per_s"] = out["completion_tokens"] / max(out["time_step_s"], 1e-9)
+        return out
+
+
+LOCAL = DistContext()
+
+
+def check_world_size(recipe: Recipe, world: int) -> None:
+    """Every rank must get whole groups and the same whole number of micro-batches."""
+    if world == 1:
+        return
+    r = recipe.rollout
+    if r.num_prompts % world:
+        raise GspoError(
+            f"rollout.num_prompts ({r.num_prompts}) must be a multiple of the number of "
+            f"processes ({world}): ranks take whole groups"
+        )
+    if r.group_size % recipe.algorithm.minibatches:
+        raise GspoError(
+            "with several processes, algorithm.minibatches must divide rollout.group_size "
+            "(each minibatch takes a share of every group)"
+        )
+    if r.max_staleness and r.dynamic_sampling:
+        raise GspoError(
+            "rollout.max_staleness with dynamic_sampling runs on one process only: each rank's "
+            "rollout worker would need the other ranks' rewards between rounds (set "
+            "max_staleness 0, or train on one process)"
+        )
+    local = r.num_prompts * r.group_size // recipe.algorithm.minibatches // world
+    micro = recipe.trainer.micro_batch_size
+    if micro and local % micro:
+        raise GspoError(
+            f"trainer.micro_batch_size ({micro}) must divide each rank's minibatch ({local} "
+            f"sequences with {world} processes)"
+        )
+
+
+def context_from_env() -> DistContext:
+    """The launcher's (torchrun / deepspeed) RANK, WORLD_SIZE and LOCAL_RANK, or one process."""
+    return DistContext(
+        rank=int(os.environ.get("RANK", 0)),
+        world=int(os.environ.get("WORLD_SIZE", 1)),
+        local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+    )
+
+
+def init_process_group(ctx: DistContext, device: torch.device) -> None:
+    """Join the launcher's process group (gloo on CPU, NCCL on CUDA) through DeepSpeed."""
+    if ctx.world == 1 and "MASTER_ADDR" not in os.environ:
+        # DeepSpeed wants a process group even for one process: a private local one.
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+            RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_RANK="0",
+        )
+    deepspeed = import_deepspeed(device)
+    if not dist.is_initialized():
+        note = shm_op_build_note()
+        if note is not None and ctx.local_rank == 0:  # one line per machine: it builds once
+            print(note, file=sys.stderr, flush=True)
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+
+
+def import_deepspeed(device: torch.device) -> ModuleType:
+    """DeepSpeed, told the accelerator: on CPU it would otherwise probe for a GPU and warn
+    "Setting accelerator to CPU. If you have GPU ... unable to detect it" on every rank."""
+    if device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    return importlib.import_module("deepspeed")
+
+
+# DeepSpeed's CPU collectives op: built by the first init_distributed on a CPU accelerator, with
+# nothing on screen, for a minute or more (86 s on a 2-core machine), then cached.
+SHM_OP = "deepspeed_shm_comm"
+
+
+def shm_op_build_note() -> str | None:
+    """The line to print before DeepSpeed builds SHM_OP; None when it is built already (or
+    prebuilt in the wheel, or not used on this accelerator)."""
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.git_version_info import installed_ops
+
+    try:  # torch's own (private) answer to where a JIT build goes; the line is only a courtesy
+        from torch.utils.cpp_extension import _get_build_directory
+    except ImportError:
+        return None
+    if get_accelerator().device_name() != "cpu" or installed_ops.get(SHM_OP, False):
+        return None
+    if not deepspeed.ops.__compatible_ops__.get(SHM_OP, False):
+        return None
+    folder = _get_build_directory(SHM_OP, verbose=False)  # torch's JIT folder, as DeepSpeed's
+    if os.path.isfile(os.path.join(folder, f"{SHM_OP}.so")):
+        return None
+    return (
+        f"DeepSpeed is building its CPU communication op ({SHM_OP}) in {folder}: once per "
+        "machine, a minute or two"
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (for a local process group)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,125 @@
+"""Start `gspo train` on several processes: torchrun on one node, the DeepSpeed launcher on many.
+
+The parent checks everything a user can get wrong (recipe, run folder) before launching, so that
+mistakes are one clear line rather than one traceback per rank. It holds the run folder's lock
+(run_folder.one_writer, taken in cli.py) for all the ranks, which take none: the lock file's
+descriptor is not inherited by the launcher, and the kernel drops the lock if the parent dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from gspo_cli.errors import GspoError, Stopped
+from gspo_cli.recipe.schema import Recipe
+from gspo_cli.run_folder import check_run_folder
+from gspo_cli.train.engines.distributed import check_world_size, free_port
+from gspo_cli.train.engines.torchrun import LAUNCHER_PID
+from gspo_cli.workers import die_with_parent, die_with_parent_argv
+
+# On a stop, torchrun gives each rank trainer.stop_grace_s to reach a step boundary plus this
+# long to save its checkpoint and end, before SIGKILL.
+SAVE_ALLOWANCE_S = 300
+
+
+def under_launcher() -> bool:
+    """True inside a process started by torchrun or the DeepSpeed launcher."""
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def rank_dies_with_launcher() -> None:
+    """A rank ends when its launcher dies (a SIGKILLed launcher runs no cleanup)."""
+    if under_launcher():
+        die_with_parent(int(os.environ.get(LAUNCHER_PID, os.getppid())))
+
+
+def launch(
+    recipe_file: Path,
+    overrides: list[str],
+    recipe: Recipe,
+    run_dir: Path,
+    resume: bool,
+    nproc: int,
+    hostfile: Path | None,
+) -> int:
+    """Run the training command under a launcher; returns its exit code."""
+    check_run_folder(run_dir, resume)
+    check_world_size(recipe, nproc)
+    args = ["train", str(recipe_file), "--out", str(run_dir)]
+    args += [item for o in overrides for item in ("--set", o)]
+    args += ["--resume"] if resume else []
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    if hostfile is not None:
+        if not hostfile.is_file():
+            raise GspoError(f"--hostfile: file not found: {hostfile}")
+        command = [
+            "deepspeed",
+            "--hostfile",
+            str(hostfile),
+            "--num_gpus",
+            str(nproc),
+            "--master_port",
+            str(free_port()),
+            "--module",
+            "gspo_cli.cli",
+            *args,
+        ]
+        return run_forwarding_signals([*die_with_parent_argv(), *command], env, (signal.SIGTERM,))
+    command = [
+        sys.executable,
+        "-m",
+        "gspo_cli.train.engines.torchrun",  # torchrun, without a traceback on a stop
+        "--nproc_per_node",
+        str(nproc),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        # The ranks' SIGTERM handling (the step boundary, the checkpoint) before SIGKILL.
+        "--shutdown-timeout",
+        str(int(recipe.trainer.stop_grace_s) + SAVE_ALLOWANCE_S),
+        "-m",
+        "gspo_cli.cli",
+        *args,
+    ]
+    stops = (signal.SIGINT, signal.SIGTERM)
+    return run_forwarding_signals([*die_with_parent_argv(), *command], env, stops, own_group=True)
+
+
+def run_forwarding_signals(
+    command: list[str],
+    env: dict[str, str],
+    signals: tuple[signal.Signals, ...],
+    own_group: bool = False,
+) -> int:
+    """Run the launcher; `signals` sent to `gspo train` alone reach it too, and it dies with us
+    (setpriv). With `own_group`, the launcher has a process group of its own, so that Ctrl-C in
+    a terminal (sent to our group) reaches it once, from here, like any other stop signal.
+
+    torchrun (engines/torchrun.py) passes SIGINT or SIGTERM on to each rank as SIGTERM; the ranks
+    stop at their next step boundary, with a checkpoint (train/run/signals.py), and print nothing;
+    then `Stopped` is raised here, so that this process prints the one stop line and exits
+    130 or 143. Without `own_group`, Ctrl-C reaches every process of the group by itself."""
+    proc = subprocess.Popen(command, env=env, process_group=0 if own_group else None)
+    forwarded: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        forwarded.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in signals}
+    try:
+        code = proc.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    code = 128 - code if code < 0 else code  # killed by a signal: the shell's convention
+    if code - 128 in forwarded:  # the launcher stopped on our signal (not a rank's failure)
+        raise Stopped(code - 128)
+    return code

@@ -1,0 +1,1 @@
+"""A run from recipe to finished folder: prepare, loop, cold start, checkpoints, resume, guards."""

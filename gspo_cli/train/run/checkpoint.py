@@ -1,0 +1,181 @@
+"""Checkpoints: HF-format weights + trainer state, written atomically, newest found on resume.
+
+A checkpoint is first written to a hidden temporary folder and then renamed into place, and the
+`latest` pointer is replaced atomically afterwards: a kill at any moment leaves the previous
+checkpoint intact and pointed to.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from gspo_cli.errors import GspoError
+from gspo_cli.run_folder import (
+    LATEST,
+    STEP_GLOB,
+    TRAINER_STATE,
+    remove_partial,
+    staging,
+    step_folder,
+    write_error,
+    write_text_atomic,
+)
+from gspo_cli.train.engines.distributed import LOCAL, DistContext
+from gspo_cli.train.engines.torch_engine import TrainEngine
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync_tree(folder: Path) -> None:
+    for file in folder.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as f:
+                os.fsync(f.fileno())
+
+
+def save_checkpoint(
+    root: Path,
+    step: int,
+    engine: TrainEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    state: dict[str, Any],
+    keep: int,
+    ctx: DistContext = LOCAL,
+    *,
+    keep_before: int | None = None,
+    extra: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write checkpoint `step_NNNNNN` under `root` and point `latest` at it; prune old ones.
+
+    `keep` newest are kept, and besides them the newest at or before step `keep_before`: the
+    one a guard goes back to, which pruning must not take (step 0 included). `extra` writes
+    this rank's own files into the folder (asynchronous rollouts: the in-flight batches).
+    Every rank calls this (DeepSpeed saves are collective); rank 0 writes the shared files.
+    """
+    if not engine.weights_finite():  # never let a broken state become `latest`
+        good = latest_checkpoint(root, cleanup=False)
+        raise GspoError(
+            f"step {step}: the weights are not finite, so no checkpoint is written; the last "
+            f"good one is {good or 'none (start over)'}"
+        )
+    final = root / step_folder(step)
+    tmp = root / staging(final.name)
+    if ctx.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            tmp.mkdir(parents=True)
+        except OSError as exc:
+            raise write_error(exc, root) from None
+    ctx.barrier()
+    try:
+        _write(tmp, step, engine, tokenizer, state, ctx, extra)
+    except BaseException as exc:
+        # A full disk must not leave a half-written folder behind, nor a traceback.
+        problem = remove_partial(tmp, exc, root) if ctx.is_main else None
+        if problem is None:
+            raise
+        raise GspoError(f"{problem}: checkpoint {final.name} not saved ({kept(root)})") from None
+    if ctx.is_main:
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        write_text_atomic(root / LATEST, final.name)
+        _prune(root, keep, keep_before)
+    ctx.barrier()
+    return final
+
+
+def _prune(root: Path, keep: int, keep_before: int | None) -> None:
+    anchor = None if keep_before is None else checkpoint_at_or_before(root, keep_before)
+    for old in sorted(root.glob(STEP_GLOB))[:-keep]:
+        if old != anchor:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _write(
+    tmp: Path,
+    step: int,
+    engine: TrainEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    state: dict[str, Any],
+    ctx: DistContext,
+    extra: Callable[[Path], None] | None,
+) -> None:
+    engine.save_model(tmp, tokenizer)
+    engine.save_state(tmp)
+    if extra is not None:
+        extra(tmp)
+    if ctx.is_main:
+        torch.save({**state, "step": step, "rng": rng_state()}, tmp / TRAINER_STATE)
+    ctx.barrier()
+    if ctx.is_main:
+        _fsync_tree(tmp)
+
+
+def kept(root: Path) -> str:
+    """What a resume would use after a failed save, for the error line."""
+    pointer = root / LATEST
+    if not pointer.is_file():
+        return "there is no earlier checkpoint"
+    return f"{pointer.read_text(encoding='utf-8').strip()} is intact"
+
+
+def latest_checkpoint(root: Path, *, cleanup: bool = True) -> Path | None:
+    """The folder `latest` points to, or None when there is no checkpoint yet."""
+    for tmp in root.glob(staging(STEP_GLOB)) if cleanup else []:  # left by a kill during a save
+        shutil.rmtree(tmp, ignore_errors=True)
+    pointer = root / LATEST
+    if not pointer.is_file():
+        return None
+    folder = root / pointer.read_text(encoding="utf-8").strip()
+    if not (folder / TRAINER_STATE).is_file():
+        raise GspoError(f"checkpoint {folder} is incomplete or missing; remove it to start over")
+    return folder
+
+
+def load_trainer_state(folder: Path) -> dict[str, Any]:
+    try:
+        state: dict[str, Any] = torch.load(folder / TRAINER_STATE, weights_only=False)
+    except Exception as exc:  # pickle/zip errors of many kinds all mean a corrupted file
+        raise GspoError(f"checkpoint {folder / TRAINER_STATE} is corrupted: {exc}") from None
+    return state
+
+
+def checkpoint_at_or_before(root: Path, step: int) -> Path | None:
+    """The newest complete checkpoint folder of a step <= `step`, or None."""
+    found = []
+    for folder in root.glob(STEP_GLOB):
+        number = folder.name.removeprefix("step_")
+        if number.isdigit() and int(number) <= step and (folder / TRAINER_STATE).is_file():
+            found.append((int(number), folder))
+    return max(found)[1] if found else None
+
+
+def roll_back_to(root: Path, folder: Path, ctx: DistContext = LOCAL) -> None:
+    """Make `folder` the latest checkpoint again: newer ones hold the abandoned trajectory."""
+    if ctx.is_main:
+        write_text_atomic(root / LATEST, folder.name)
+        for newer in root.glob(STEP_GLOB):
+            if newer.name > folder.name:
+                shutil.rmtree(newer, ignore_errors=True)
+    ctx.barrier()

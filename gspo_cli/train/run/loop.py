@@ -1,0 +1,389 @@
+"""`gspo train`: cold start (optional), then GSPO/GRPO steps, with evals and checkpoints.
+
+Where this departs from the paper: the built-in task is tiny integer arithmetic, the models are
+tiny, and held-out accuracy is avg@k at the rollout temperature on that task. With several
+processes (DeepSpeed), each rank samples whole groups for its share of the prompts, with one
+seed per prompt, so the run does not depend on the world size.
+
+`train` = `prepare_run` (train/run/prepare.py: everything built once) + `run_loop` (the steps).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from gspo_cli.errors import GspoError
+from gspo_cli.models.loading import convert_first
+from gspo_cli.recipe.schema import Recipe
+from gspo_cli.rewards.code.isolation import allow_weak_isolation
+from gspo_cli.rewards.math_verifier import MathVerifierPool
+from gspo_cli.rollout.hf import HFGenerateEngine
+from gspo_cli.run_folder import (
+    CHECKPOINTS,
+    COLD_START,
+    SAMPLES,
+    SUMMARY,
+    step_folder,
+    write_text_atomic,
+)
+from gspo_cli.train.async_rollouts.trainer import AsyncRollouts, saved_in_flight
+from gspo_cli.train.engines.device import peak_memory_mb, resolve_device
+from gspo_cli.train.engines.torch_engine import UpdateFailed
+from gspo_cli.train.run.checkpoint import (
+    checkpoint_at_or_before,
+    latest_checkpoint,
+    roll_back_to,
+)
+from gspo_cli.train.run.cold_start import load_recipe_model, run_cold_start
+from gspo_cli.train.run.console import TrainingDisplay
+from gspo_cli.train.run.folder import prepare_run_dir
+from gspo_cli.train.run.guard import Decision, Guard, resume_advice, rollback_target
+from gspo_cli.train.run.heldout import heldout_accuracy
+from gspo_cli.train.run.log import RunLog
+from gspo_cli.train.run.prepare import PreparedRun, prepare_run
+from gspo_cli.train.run.problem_sets import Problems, eval_format, eval_params, run_problems
+from gspo_cli.train.run.reference import refresh
+from gspo_cli.train.run.signals import stop_on_signals
+from gspo_cli.train.run.state import restore_checkpoint
+from gspo_cli.train.step.dynamic_sampling import Sampling, collect_step, short_notice, step_seed
+from gspo_cli.train.step.update import train_groups
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps_done: int
+    heldout: dict[int, float] = field(default_factory=dict)  # step -> accuracy
+
+
+def train(
+    recipe: Recipe,
+    recipe_yaml: str,
+    *,
+    run_dir: Path,
+    resume: bool = False,
+    console: Console | None = None,
+) -> TrainResult:
+    # SIGTERM asks for a stop at the next step boundary (train/run/signals.py), from here on.
+    with stop_on_signals(recipe.trainer.stop_grace_s) as stop:
+        run = prepare_run(recipe, recipe_yaml, run_dir, resume, console, stop)
+        try:
+            return run_loop(run)
+        finally:
+            run.close()
+
+
+def _evaluate(run: PreparedRun, step: int) -> float:
+    # Every rank evaluates the same problems with the same seed (ZeRO-3 needs them all in
+    # each forward); rank 0 records the result.
+    params = eval_params(run.recipe)
+    started = time.perf_counter()
+    run.console.print(
+        f"held-out evaluation at step {step}: {len(run.eval_problems)} problems x "
+        f"{params.num_samples} samples ...",
+        highlight=False,
+    )
+    values = heldout_accuracy(
+        run.rollout_engine,
+        run.tokenizer,
+        run.eval_problems,
+        params,
+        run.recipe.trainer.seed + 7,
+        run.math_pool,
+        eval_format(run.recipe),
+    )
+    run.log.evaluation(step, values)
+    if step > 0:  # step 0 is reported as "before RL"
+        run.console.print(
+            f"held-out accuracy at step {step}: {values['accuracy']:.1%} "
+            f"({time.perf_counter() - started:.0f}s)",
+            highlight=False,
+        )
+    return values["accuracy"]
+
+
+def run_loop(run: PreparedRun) -> TrainResult:
+    """RL steps `run.start + 1 .. trainer.steps`, with held-out evals, checkpoints and guards."""
+    recipe, ctx = run.recipe, run.ctx
+    result = TrainResult(run.run_dir, run.start, run.log.evaluations())
+    if run.start == 0:
+        result.heldout[0] = _evaluate(run, 0)
+        run.console.print(f"held-out accuracy before RL: {result.heldout[0]:.1%}", highlight=False)
+    trainer = recipe.trainer
+    guard = Guard(
+        trainer.max_bad_updates,
+        trainer.on_collapse,
+        trainer.max_rollbacks,
+        rollbacks=run.state.rollbacks,
+    )
+    if 0 in result.heldout:
+        guard.detector.observe_heldout(0, result.heldout[0])
+    steps, step = trainer.steps, run.start
+    if recipe.rollout.max_staleness and step < steps:
+        _start_rollouts(run)
+    if trainer.on_collapse == "rollback" and step == 0:  # something to roll back to from step 1
+        run.save_checkpoint(0)
+    loop_started = time.perf_counter()
+    with TrainingDisplay(run.console, steps, run.start, recipe.logging.console) as display:
+        while step < steps:
+            step += 1
+            try:
+                output, metrics = _one_step(run, step)
+                # wall time of this process's steps so far, evals and checkpoints included
+                metrics["time_elapsed_s"] = time.perf_counter() - loop_started
+            except UpdateFailed as exc:  # applied and not undone (DeepSpeed): roll back or stop
+                step = _act(run, step, guard.failed_update(step, str(exc)), result, display)
+                guard.restarted()
+                continue
+            if step % recipe.eval.every == 0 or step == steps:
+                result.heldout[step] = metrics["heldout_accuracy"] = _evaluate(run, step)
+            for line in guard.notices(step, metrics):
+                display.note(line)
+            short = short_notice(step, metrics, recipe.rollout.dynamic_sampling_max_rounds)
+            if short is not None:  # trained on fewer groups than a full batch: say so
+                display.note(short)
+            decision = guard.after_step(step, metrics, recipe.algorithm.minibatches)
+            run.log.metrics(step, metrics)
+            g = recipe.rollout.group_size
+            mine = ctx.rank * (recipe.rollout.num_prompts // ctx.world)
+            _log_samples(
+                run.log, step, output, trainer.log_samples, g, output.index[mine:], run.train_set
+            )
+            display.step(step, metrics)
+            if decision.action != "go":
+                step = _act(run, step, decision, result, display)
+                if decision.action == "rollback":
+                    guard.restarted()
+                    continue
+            if step % trainer.checkpoint_every == 0 or step == steps:
+                run.save_checkpoint(step)
+            result.steps_done = run.state.step = step
+            run.stop_at_boundary(step)  # SIGTERM: checkpoint this step (unless just saved), stop
+    if ctx.is_main:
+        _finish(run.console, run.run_dir, result, run.log.events())
+    return result
+
+
+def _one_step(run: PreparedRun, step: int) -> tuple[Any, dict[str, float]]:
+    """One RL step on this rank's share of the prompts: collection (with dynamic sampling's
+    rounds, train/step/dynamic_sampling.py), then training. After a rollback the sampling seeds are
+    fresh (`run.state.rollbacks` enters them), so the retried steps draw other samples."""
+    recipe, ctx = run.recipe, run.ctx
+    started = time.perf_counter()
+    seed = step_seed(recipe.trainer.seed, step, run.state.rollbacks)
+    if run.rollouts is None:
+        collected = collect_step(
+            run.rollout_engine,
+            run.reward,
+            run.sampler,
+            (run.train_set.prompts, run.train_set.rows),
+            run.settings,
+            Sampling.of(recipe, ctx.world),
+            seed,
+            ctx,
+        )
+    else:  # sampled by the worker while earlier steps trained
+        batch, waited = run.rollouts.take(step)
+        collected = batch.collected
+        run.sampler.load_state_dict(batch.sampler_after)  # what a checkpoint of this step saves
+    output = train_groups(
+        run.engine,
+        collected.scored,
+        run.settings,
+        seed,
+        run.ref_engine,
+        ctx=ctx,
+        group_offset=collected.group_offset,
+    )
+    output.index = collected.index
+    refresh(run.ref_engine, recipe.algorithm.ref_update_every, step, run.engine)  # KL reference
+    metrics = {**output.metrics, **collected.metrics}
+    if collected.metrics:  # dynamic sampling: reward_mean is every generated response's
+        metrics["dynamic_sampling_batch_reward_mean"] = output.metrics["reward_mean"]
+    if run.rollouts is not None:
+        run.rollouts.publish(step)  # the weights after this step, for step + 1 + N's batch
+        elapsed = time.perf_counter() - started  # the worker's time overlaps: wall time here
+        metrics.update(
+            rollout_staleness=float(step - 1 - batch.version),  # versions behind the trainer
+            rollout_policy_version=float(batch.version),
+            time_rollout_wait_s=waited,
+            time_step_s=elapsed,
+            tokens_per_s=metrics["completion_tokens"] / max(elapsed, 1e-9),
+        )
+    return output, {**metrics, "peak_memory_mb": peak_memory_mb(run.device)}
+
+
+def _start_rollouts(run: PreparedRun) -> None:
+    """The rollout worker of this rank; after a resume it first hands back the batches the
+    checkpoint saved (train/async_rollouts/trainer.py)."""
+    run.rollouts = AsyncRollouts(
+        run.recipe, run.engine, run.tokenizer, (run.train_set.prompts, run.train_set.rows),
+        run.settings, run.ctx, run.device,
+    )  # fmt: skip
+    saved = []
+    if run.start:
+        folder = run.run_dir / CHECKPOINTS / step_folder(run.start)
+        saved = saved_in_flight(
+            folder, run.ctx.rank, run.recipe.rollout.max_staleness, run.state.rollbacks,
+            run.ctx.world,
+        )  # fmt: skip
+    run.rollouts.start(run.start, run.state.rollbacks, run.sampler.state_dict(), saved)
+
+
+def _act(run: PreparedRun, step: int, decision: Decision, result: TrainResult, display: Any) -> int:
+    """Record and carry out a guard decision; the step to continue from (rollback) or `step`."""
+    root = run.run_dir / CHECKPOINTS
+    good = checkpoint_at_or_before(root, rollback_target(step))  # before the trouble began
+    action, reason = decision.action, decision.reason
+    if action == "rollback" and good is None:
+        action, reason = "stop", f"{reason}; no checkpoint to roll back to"
+    for event in decision.events:
+        run.log.event(
+            {"step": step, "signal": event.signal, "action": action, "detail": event.detail}
+        )
+    if action == "warn":
+        display.note(f"warning: step {step}: {reason} (trainer.on_collapse: warn)")
+        return step
+    if action == "rollback" and good is not None:
+        restored = _restore(run, good, result)
+        display.note(
+            f"step {step}: {reason}; rolled back to {good.name}, learning rate "
+            f"{run.engine.lr:.3g} (x{run.state.lr_scale:g}), fresh sampling seeds"
+        )
+        return restored
+    if good is not None:  # so that --resume starts before the trouble, as the line says
+        roll_back_to(root, good, run.ctx)
+    if run.ctx.is_main:
+        _finish(run.console, run.run_dir, result, run.log.events(), quiet=True)
+    raise GspoError(f"stopped at step {step}: {reason}. {_stop_advice(run, step, good)}")
+
+
+def _stop_advice(run: PreparedRun, step: int, good: Path | None) -> str:
+    """Where a resume starts and the command that resumes at a lower learning rate (below
+    the one that failed, rollbacks included)."""
+    root = run.run_dir / CHECKPOINTS
+    if good is not None:
+        where = f"A resume starts from {good} (before the trouble)"
+    elif (latest := latest_checkpoint(root, cleanup=False)) is not None:
+        where = (
+            f"A resume starts from {latest}, the newest checkpoint (none is from step "
+            f"{rollback_target(step)} or before, where a slow collapse may begin)"
+        )
+    else:
+        where = "There is no checkpoint yet: a resume starts from step 0"
+    lr = run.recipe.optimizer.lr * run.state.lr_scale * run.recipe.trainer.rollback_lr_factor
+    command = resume_advice(run.run_dir, lr, run.ctx.world, sys.argv[1:])
+    return f"{where}; resume with: {command}"
+
+
+def _restore(run: PreparedRun, folder: Path, result: TrainResult) -> int:
+    """Load checkpoint `folder` into the running job and forget the steps after it."""
+    trainer_state = restore_checkpoint(
+        folder,
+        engine=run.engine,
+        sampler=run.sampler,
+        log=run.log,
+        reference=run.ref_engine,
+        ref_update_every=run.recipe.algorithm.ref_update_every,
+        ctx=run.ctx,
+    )
+    restored = int(trainer_state["step"])
+    state = run.state
+    state.step = restored
+    state.rollbacks += 1
+    state.lr_scale *= run.recipe.trainer.rollback_lr_factor  # compounds over rollbacks
+    run.engine.set_peak_lr(run.recipe.optimizer.lr * state.lr_scale)
+    # Unseeded sampling draws from the global RNG just restored: without a new seed the
+    # retried steps would replay the same rollouts.
+    torch.manual_seed(step_seed(run.recipe.trainer.seed, restored, state.rollbacks))
+    roll_back_to(run.run_dir / CHECKPOINTS, folder, run.ctx)
+    if run.rollouts is not None:  # drop the batches sampled on the abandoned trajectory
+        run.rollouts.start(restored, state.rollbacks, run.sampler.state_dict())
+    for later in [s for s in result.heldout if s > restored]:
+        del result.heldout[later]
+    result.steps_done = restored
+    return restored
+
+
+def _log_samples(
+    log: RunLog, step: int, output: Any, count: int, g: int, index: list[int], problems: Problems
+) -> None:
+    for i in range(min(count, len(output.rollout.texts))):
+        row = problems.rows[index[i // g]]
+        log.append(
+            SAMPLES,
+            {
+                "step": step,
+                "prompt": row["prompt"],  # text, or a conversation's turns
+                "answer": str(row.get("answer")),
+                "completion": output.rollout.texts[i],
+                "reward": output.rewards[i],
+            },
+        )
+
+
+def _finish(
+    console: Console,
+    run_dir: Path,
+    result: TrainResult,
+    events: list[dict[str, Any]],
+    quiet: bool = False,
+) -> None:
+    summary = {
+        "steps": result.steps_done,
+        "heldout_accuracy": {str(k): v for k, v in result.heldout.items()},
+        "events": events,
+    }
+    write_text_atomic(run_dir / SUMMARY, json.dumps(summary, indent=2))
+    if quiet:
+        return
+    if 0 in result.heldout and len(result.heldout) > 1:
+        last = max(result.heldout)
+        before, after = result.heldout[0], result.heldout[last]
+        console.print(
+            f"held-out accuracy: before RL {before:.1%} -> after {last} steps {after:.1%} "
+            f"({(after - before) * 100:+.1f} points)",
+            highlight=False,
+        )
+    console.print(f"run folder: {run_dir}", highlight=False)
+
+
+def run_sft_only(
+    recipe: Recipe, recipe_yaml: str, *, run_dir: Path, console: Console | None = None
+) -> Path:
+    """`gspo sft`: the cold start alone, saved as an HF checkpoint, with held-out accuracy."""
+    console = console or Console()
+    allow_weak_isolation(recipe.reward.sandbox.allow_weak_isolation)  # held-out code problems
+    # a GGUF (or a LoRA checkpoint's GGUF base) is converted or refused before the run folder
+    convert_first(recipe.model.path, what="model.path")
+    prepare_run_dir(run_dir, False, recipe_yaml)
+    device = resolve_device(recipe.trainer.device)
+    model, tokenizer = load_recipe_model(recipe)
+    problems = run_problems(recipe, tokenizer)
+    for line in problems.notes:
+        console.print(line, highlight=False, soft_wrap=True)
+    model = run_cold_start(
+        recipe, model.to(device), tokenizer, problems.train, run_dir, console
+    ).to(device)
+    with MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s) as math_pool:
+        values = heldout_accuracy(
+            HFGenerateEngine(model, tokenizer),
+            tokenizer,
+            problems.heldout,
+            eval_params(recipe),
+            recipe.trainer.seed + 7,
+            math_pool,
+            eval_format(recipe),
+        )
+    RunLog(run_dir).evaluation(0, values)
+    console.print(f"held-out accuracy after cold start: {values['accuracy']:.1%}", highlight=False)
+    console.print(f"HF checkpoint: {run_dir / COLD_START}", highlight=False)
+    return run_dir / COLD_START

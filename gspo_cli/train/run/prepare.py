@@ -1,0 +1,316 @@
+"""Everything a training run needs before its first step, built once: `prepare_run`.
+
+The loop (`train/run/loop.py`) only reads a `PreparedRun`; what is opened here (the maths verifier
+pool, the run log) is closed by `PreparedRun.close`.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from gspo_cli.data.problems import Problem
+from gspo_cli.engines import ROLLOUT_ENGINES, TRAIN_ENGINES
+from gspo_cli.errors import Stopped
+from gspo_cli.models import load_policy
+from gspo_cli.models.loading import convert_first
+from gspo_cli.models.lora import Adapters
+from gspo_cli.recipe.schema import Recipe
+from gspo_cli.rewards.binding import RewardServices
+from gspo_cli.rewards.math_verifier import MathVerifierPool
+from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
+from gspo_cli.run_folder import CHECKPOINTS, COLD_START, step_folder
+from gspo_cli.train.async_rollouts.trainer import AsyncRollouts
+from gspo_cli.train.engines.adapters import (
+    base_name,
+    base_sha256,
+    save_builtin_base,
+    trainable_line,
+)
+from gspo_cli.train.engines.build import check_processes, make_engine
+from gspo_cli.train.engines.device import resolve_device
+from gspo_cli.train.engines.distributed import (
+    DistContext,
+    check_world_size,
+    context_from_env,
+    init_process_group,
+)
+from gspo_cli.train.engines.settings import engine_settings
+from gspo_cli.train.engines.torch_engine import FrozenPolicy, TrainEngine
+from gspo_cli.train.run.checkpoint import latest_checkpoint, save_checkpoint
+from gspo_cli.train.run.cold_start import load_recipe_model, run_cold_start
+from gspo_cli.train.run.folder import prepare_run_dir
+from gspo_cli.train.run.guard import rollback_target
+from gspo_cli.train.run.log import RunLog, start_wandb
+from gspo_cli.train.run.problem_sets import Problems, run_problems
+from gspo_cli.train.run.reference import BaseReference, reference_state
+from gspo_cli.train.run.resume import resume_changes, resume_from_checkpoint
+from gspo_cli.train.run.signals import StopRequest
+from gspo_cli.train.run.state import RunState
+from gspo_cli.train.step.old_policy import EngineLogprobs, resolve_engine_logprobs
+from gspo_cli.train.step.rewards import RewardModel
+from gspo_cli.train.step.sampler import PromptSampler
+from gspo_cli.train.step.settings import StepSettings
+
+
+@dataclass
+class PreparedRun:
+    recipe: Recipe
+    ctx: DistContext
+    device: torch.device
+    run_dir: Path
+    console: Console
+    tokenizer: PreTrainedTokenizerBase
+    train_set: Problems
+    eval_problems: list[Problem]
+    engine: TrainEngine
+    rollout_engine: RolloutEngine
+    ref_engine: FrozenPolicy | None
+    reward: RewardModel
+    math_pool: MathVerifierPool
+    sampler: PromptSampler
+    log: RunLog
+    settings: StepSettings
+    state: RunState  # where the run is; `start` is its step when the loop began
+    stop: StopRequest  # set by SIGTERM; see stop_at_boundary
+    start: int = 0  # the last step already done when this process began (0 for a new run)
+    rollouts: AsyncRollouts | None = None  # rollout.max_staleness > 0: the rollout worker
+
+    def close(self) -> None:
+        if self.rollouts is not None:
+            self.rollouts.close()
+        self.log.close()
+        self.reward.close()  # the worker process of users' reward functions
+        self.math_pool.close()
+        self.rollout_engine.close()
+
+    def save_checkpoint(self, step: int, in_flight: bool = True) -> Path:
+        """Checkpoint `step`: weights, optimizer, sampler position and RNG (all ranks call it);
+        with asynchronous rollouts and `in_flight`, the batches sampled ahead (waited for)."""
+        state = self.state.trainer_state(self.sampler, self.ctx.world, self.recipe.optimizer.lr)
+        if self.ctx.is_main:  # only the main rank writes the trainer state: no copies elsewhere
+            state.update(
+                reference_state(self.ref_engine, self.recipe.algorithm.ref_update_every, step)
+            )
+        trainer = self.recipe.trainer
+        return save_checkpoint(
+            self.run_dir / CHECKPOINTS,
+            step,
+            self.engine,
+            self.tokenizer,
+            state,
+            trainer.keep_checkpoints,
+            self.ctx,
+            # what a rollback after the next steps restores must survive pruning
+            keep_before=rollback_target(step + 1) if trainer.on_collapse == "rollback" else None,
+            extra=None if self.rollouts is None or not in_flight else self.rollouts.saver(step),
+        )
+
+    def stop_at_boundary(self, step: int) -> None:
+        """The loop's SIGTERM hook, called on every rank once step `step` is done (after its own
+        checkpoint, if any): when a stop was asked on any rank, checkpoint `step` unless it just
+        was, then raise Stopped. Does nothing otherwise (one all-reduce with several ranks)."""
+        if not self.stop.agreed(self.ctx):
+            return
+        self.stop.stopping()
+        latest = latest_checkpoint(self.run_dir / CHECKPOINTS, cleanup=False)
+        if latest is None or latest.name != step_folder(step):
+            # not waiting for batches sampled ahead: a stop is asked to be quick (and a stop of
+            # the whole job may have ended the worker); the resume samples them afresh
+            self.save_checkpoint(step, in_flight=False)
+        raise Stopped(self.stop.signum or signal.SIGTERM)
+
+
+def prepare_run(
+    recipe: Recipe,
+    recipe_yaml: str,
+    run_dir: Path,
+    resume: bool,
+    console: Console | None,
+    stop: StopRequest | None = None,
+) -> PreparedRun:
+    """Processes, run folder `run_dir` (resolved once, by the command), model (after the cold
+    start), engines, rewards and resume state.
+
+    `stop` is the SIGTERM request the loop polls (`stop_on_signals`); None: never set."""
+    ctx = context_from_env()
+    device = resolve_device(recipe.trainer.device, ctx.local_rank)
+    if device.type == "cpu":  # save_pretrained imports DeepSpeed, which would probe for a GPU
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # and warn (the rollout worker inherits)
+    check_processes(recipe.trainer.engine, ctx.world)
+    check_world_size(recipe, ctx.world)
+    if TRAIN_ENGINES.get(recipe.trainer.engine).several_processes:
+        init_process_group(ctx, device)
+    console = (console or Console()) if ctx.is_main else Console(quiet=True)
+    # a GGUF (or a LoRA checkpoint's GGUF base) is converted or refused before the run folder
+    convert_first(recipe.model.path, what="model.path")
+    changes = _open_run_dir(run_dir, resume, recipe_yaml, ctx)
+    console.print(f"run folder: {run_dir}", highlight=False)  # first, so a user can look in
+    for line in changes:
+        console.print(line, highlight=False, soft_wrap=True)
+    torch.manual_seed(recipe.trainer.seed)
+    model, tokenizer = load_recipe_model(recipe)
+    problems = run_problems(recipe, tokenizer)
+    for line in problems.notes:
+        console.print(line, highlight=False, soft_wrap=True)
+    train_set, eval_problems = problems.train, problems.heldout
+    model = _after_cold_start(recipe, model.to(device), tokenizer, train_set, run_dir, ctx, console)
+    model.to(device)
+    if recipe.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    ref_engine = _reference(recipe, model)
+    save_builtin_base(recipe, model, tokenizer, run_dir, ctx)  # LoRA on a seeded built-in
+    engine = make_engine(recipe.trainer.engine, model, engine_settings(recipe), ctx)
+    if engine.adapters is not None:
+        ref_engine = _lora_start(recipe, engine, engine.adapters, run_dir, console)
+    spec = EngineSpec(
+        engine.model,
+        tokenizer,
+        engine.full_weights,
+        seed=recipe.trainer.seed + ctx.rank,
+        synced_gpus=engine.partitions_weights and ctx.world > 1,
+        options=recipe.rollout.vllm.model_dump(),
+        capabilities=engine.capabilities,
+    )
+    # asynchronous rollouts sample in the worker; here only held-out evals, on the policy itself
+    rollout_engine = make_rollout_engine(
+        "hf" if recipe.rollout.max_staleness else recipe.rollout.engine, spec
+    )
+    math_pool = MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s)
+    reward = RewardModel(recipe.reward, RewardServices(math_pool=math_pool))
+    sampler = PromptSampler(len(train_set.rows), recipe.data.seed + recipe.trainer.seed)
+    wandb_run = _wandb(recipe, run_dir, resume) if ctx.is_main else None
+    log = RunLog(run_dir, wandb_run, enabled=ctx.is_main)
+    state = RunState()
+    if resume:
+        state = resume_from_checkpoint(
+            run_dir, recipe, engine, sampler, log, ref_engine, ctx, console
+        )
+    else:
+        torch.manual_seed(recipe.trainer.seed)
+    settings = step_settings(recipe, int(tokenizer.pad_token_id))
+    return PreparedRun(
+        recipe, ctx, device, run_dir, console, tokenizer, train_set, eval_problems, engine,
+        rollout_engine, ref_engine, reward, math_pool, sampler, log, settings, state,
+        stop or StopRequest(), state.step,
+    )  # fmt: skip
+
+
+def step_settings(recipe: Recipe, pad_id: int) -> StepSettings:
+    """What an RL step needs of `recipe` (the run's, or a benchmark's)."""
+    return StepSettings(
+        algorithm=recipe.algorithm,
+        sampling=rollout_params(recipe),
+        pad_id=pad_id,
+        micro_batch_size=recipe.trainer.micro_batch_size,
+        use_engine_logprobs=engine_logprobs_mode(recipe),
+        max_tokens_per_micro_batch=recipe.trainer.max_tokens_per_micro_batch,
+        skip_zero_advantage=recipe.trainer.skip_zero_advantage,
+        overlong_buffer=recipe.reward.overlong_buffer,
+        overlong_penalty=recipe.reward.overlong_penalty,
+    )
+
+
+def engine_logprobs_mode(recipe: Recipe) -> EngineLogprobs:
+    """`rollout.use_engine_logprobs` resolved for this recipe (`auto` where it can apply)."""
+    return resolve_engine_logprobs(
+        recipe.rollout.use_engine_logprobs,
+        algorithm=recipe.algorithm.name,
+        rollout_correction=recipe.algorithm.rollout_correction,
+        top_p=recipe.rollout.top_p,
+        top_k=recipe.rollout.top_k,
+        routing_replay=recipe.algorithm.routing_replay,
+        kl_in_reward=recipe.algorithm.kl_coef > 0 and recipe.algorithm.kl_in == "reward",
+        asynchronous=recipe.rollout.max_staleness > 0,
+    )
+
+
+def rollout_params(recipe: Recipe) -> SamplingParams:
+    """Sampling for RL steps; engine log-probs only where something reads them (pi_old, the
+    rollout correction, or the mismatch metrics of an engine with its own weights)."""
+    r = recipe.rollout
+    wanted = (
+        engine_logprobs_mode(recipe) is not False
+        or recipe.algorithm.rollout_correction != "off"
+        or (ROLLOUT_ENGINES.get(r.engine).keeps_own_weights and r.top_p == 1 and r.top_k == 0)
+    )
+    return SamplingParams(
+        r.temperature,
+        r.top_p,
+        r.top_k,
+        r.max_new_tokens,
+        r.group_size,
+        logprobs=wanted,
+        routed_experts=recipe.algorithm.routing_replay == "rollout",
+    )
+
+
+def _open_run_dir(run_dir: Path, resume: bool, recipe_yaml: str, ctx: DistContext) -> list[str]:
+    """Make the run folder ready; on resume, the lines that say which settings changed."""
+    changes: list[str] = []
+    if ctx.is_main:
+        changes = resume_changes(run_dir, recipe_yaml) if resume else []
+        prepare_run_dir(run_dir, resume, recipe_yaml)  # refuses what may not change
+    ctx.barrier()
+    return changes
+
+
+def _after_cold_start(
+    recipe: Recipe,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    train_set: Problems,
+    run_dir: Path,
+    ctx: DistContext,
+    console: Console,
+) -> PreTrainedModel:
+    """The policy RL starts from: the cold-start result when enabled (one rank trains it)."""
+    if not recipe.cold_start.enabled:
+        return model
+    if ctx.is_main:
+        run_cold_start(recipe, model, tokenizer, train_set, run_dir, console)
+    ctx.barrier()
+    model, _ = load_policy(str(run_dir / COLD_START), dtype=recipe.model.dtype)
+    return model
+
+
+def _reference(recipe: Recipe, model: PreTrainedModel) -> FrozenPolicy | None:
+    """A frozen copy of the starting policy, only when the KL penalty is on (and LoRA is off:
+    `_lora_start` gives the reference then)."""
+    if recipe.algorithm.kl_coef == 0 or recipe.model.lora.r:
+        return None
+    frozen = copy.deepcopy(model).eval().requires_grad_(False)
+    return FrozenPolicy(frozen, recipe.trainer.share_prompts)
+
+
+def _lora_start(
+    recipe: Recipe, engine: TrainEngine, adapters: Adapters, run_dir: Path, console: Console
+) -> FrozenPolicy | None:
+    """A LoRA run's start: its checkpoints name their base, it says what trains, and the KL
+    reference (when the penalty is on) is the base: the engine's model with adapters off."""
+    adapters.name_base(base_name(recipe, run_dir), base_sha256(recipe))
+    console.print(trainable_line(adapters, recipe.model.lora), highlight=False, soft_wrap=True)
+    return BaseReference(engine, adapters) if recipe.algorithm.kl_coef else None
+
+
+def _wandb(recipe: Recipe, run_dir: Path, resume: bool) -> Any:
+    if not recipe.logging.wandb:
+        return None
+    cfg = recipe.logging
+    return start_wandb(
+        run_dir,
+        cfg.wandb_project,
+        cfg.wandb_mode,
+        recipe.name,
+        recipe.model_dump(mode="json"),
+        resume=resume,
+    )

@@ -1,0 +1,1 @@
+"""One RL step: collection, dynamic sampling, pi_old, routing replay, micro-batches, update."""

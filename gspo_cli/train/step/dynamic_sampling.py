@@ -1,0 +1,224 @@
+"""How a step collects its groups, with DAPO dynamic sampling (arXiv 2503.14476, Sec. 3.2).
+
+Without dynamic sampling a step draws `rollout.num_prompts` (Q) prompts and each rank generates
+and scores its share, Q / world whole groups. With it, the step runs rounds: each round draws Q
+more prompts from the (replicated) sampler, each rank generates and scores its share with seeds
+of that round, and the ranks exchange which groups have mixed rewards. The batch is the first Q
+mixed groups in draw order (round, then prompt); the rounds stop once there are Q of them, or
+after `rollout.dynamic_sampling_max_rounds`. A group of one response is kept (verl's rule).
+
+- Every decision is taken on the gathered flags, so every rank runs the same rounds (in
+  lock-step, as ZeRO-3 generation needs) and the batch does not depend on the world size: batch
+  position p goes to rank p // (Q / world), as without dynamic sampling, and a kept group that
+  another rank generated travels to it (one all-gather per step).
+- Short after the last round, the step trains on the K < Q groups it kept. The batch keeps its
+  Q groups (shapes, minibatches and the ranks' shares as usual) by filling it with the first
+  dropped groups, marked out of the loss: loss mask 0, so they add nothing to the loss or to its
+  normalisers (and, all-equal, their advantages are 0 anyway). The update is DAPO's objective
+  over the K kept groups. The loop prints a notice and `dynamic_sampling_short` is 1.
+- Surplus mixed groups beyond Q are discarded, as the DAPO recipe does; every drawn prompt
+  stays drawn: the sampler's position (checkpointed) accounts for all of them, so a resumed run
+  draws what the uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gspo_cli.algorithms.advantages import zero_signal_groups
+from gspo_cli.recipe.schema import Recipe
+from gspo_cli.rollout.base import RolloutEngine
+from gspo_cli.train.engines.distributed import DistContext
+from gspo_cli.train.step.collect import collect_groups
+from gspo_cli.train.step.rewards import RewardModel
+from gspo_cli.train.step.sampler import PromptSampler
+from gspo_cli.train.step.scored import ScoredGroups, concat_groups, select_groups
+from gspo_cli.train.step.settings import StepSettings
+
+# Seeds of round r > 0 are the step's seed plus r x this prime: far from every other step's seed
+# (steps, rollbacks and the trainer seed move the step seed by far less).
+ROUND_SEED_STRIDE = 1_000_000_007
+PROMPT_SEED_STRIDE = 7919  # prompt i of a round samples with seed round_seed x this + i
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a step draws and keeps its prompts."""
+
+    num_prompts: int  # Q: groups per step
+    per_prompt_seeds: bool  # seed each prompt's samples on its own
+    dynamic: bool = False  # DAPO dynamic sampling
+    max_rounds: int = 1
+
+    @classmethod
+    def of(cls, recipe: Recipe, world: int) -> Sampling:
+        r = recipe.rollout
+        per_prompt = r.seed_per_prompt or world > 1
+        return cls(r.num_prompts, per_prompt, r.dynamic_sampling, r.dynamic_sampling_max_rounds)
+
+
+@dataclass
+class Collected:
+    scored: ScoredGroups  # this rank's groups, ready to train
+    index: list[int]  # [Q] the data rows of the batch's groups, in batch order (every rank)
+    group_offset: int  # the batch position of this rank's first group
+    metrics: dict[str, float] = field(default_factory=dict)  # the same on every rank
+
+
+@dataclass
+class _Round:
+    index: list[int]  # [Q] data rows drawn
+    scored: ScoredGroups  # this rank's share of them
+    mixed: list[bool]  # [Q] groups with mixed rewards, over all ranks
+    totals: tuple[float, float, int]  # sums of rewards and of correct, responses: all ranks
+
+
+def step_seed(seed: int, step: int, rollbacks: int) -> int:
+    """The sampling seed of RL step `step` of a run seeded `seed` (trainer.seed); after a
+    rollback the retried steps draw other samples (`rollbacks` enters it)."""
+    return seed * 1_000_003 + step + 7_919_111 * rollbacks
+
+
+def round_seed(step_seed: int, number: int) -> int:
+    """The sampling seed of round `number` (0 first) of a step: round 0 keeps the step's, so a
+    step without dynamic sampling samples as it always did."""
+    return step_seed + ROUND_SEED_STRIDE * number
+
+
+def mixed_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """`[Q]` bool of rewards `[N]` (group by group): True for the groups dynamic sampling keeps,
+    those whose rewards are not all equal, and any group of one response (verl's rule)."""
+    if group_size == 1:
+        return torch.ones(rewards.numel(), dtype=torch.bool)
+    return ~zero_signal_groups(rewards, group_size)
+
+
+def collect_step(
+    rollout_engine: RolloutEngine,
+    reward: RewardModel,
+    sampler: PromptSampler,
+    problems: tuple[list[list[int]], list[dict[str, Any]]],
+    settings: StepSettings,
+    how: Sampling,
+    step_seed: int,
+    ctx: DistContext,
+) -> Collected:
+    """This rank's scored groups of a step, and the batch's data rows; `problems`: the training
+    set's (prompts, rows)."""
+    prompts, rows = problems
+    q = how.num_prompts
+    q_local = q // ctx.world
+    mine = range(ctx.rank * q_local, (ctx.rank + 1) * q_local)
+    rounds: list[_Round] = []
+    for number in range(how.max_rounds if how.dynamic else 1):
+        index = sampler.next(q)  # the same on every rank
+        seed = round_seed(step_seed, number)
+        scored = collect_groups(
+            rollout_engine,
+            reward,
+            [prompts[index[i]] for i in mine],
+            [rows[index[i]] for i in mine],
+            settings,
+            [seed * PROMPT_SEED_STRIDE + i for i in mine] if how.per_prompt_seeds else None,
+            sync=number == 0,  # the weights do not change between rounds
+        )
+        if not how.dynamic:
+            return Collected(scored, index, mine.start)
+        flags = mixed_groups(torch.tensor(scored.rewards), scored.group_size).tolist()  # [Q/W]
+        sums = (sum(scored.rewards), sum(scored.correct), len(scored.rewards))
+        gathered = ctx.all_gather((flags, sums))
+        mixed = [flag for part, _ in gathered for flag in part]  # [Q] rank order
+        totals = (
+            sum(t[0] for _, t in gathered),
+            sum(t[1] for _, t in gathered),
+            sum(t[2] for _, t in gathered),
+        )
+        rounds.append(_Round(index, scored, mixed, totals))
+        if sum(sum(r.mixed) for r in rounds) >= q:
+            break
+    return _assemble(rounds, q, ctx)
+
+
+def _assemble(rounds: list[_Round], q: int, ctx: DistContext) -> Collected:
+    """The batch: the first Q mixed groups, filled (out of the loss) with dropped ones when
+    short; this rank's share of it, and the step's dynamic sampling metrics."""
+    drawn = [(r, i) for r in range(len(rounds)) for i in range(q)]  # (round, group) draw order
+    kept = [(r, i) for r, i in drawn if rounds[r].mixed[i]]
+    used = kept[:q]
+    dropped = [(r, i) for r, i in drawn if not rounds[r].mixed[i]]
+    chosen = used + dropped[: q - len(used)]  # [Q]
+    in_loss = [True] * len(used) + [False] * (q - len(used))
+    q_local = q // ctx.world
+    groups = _share(rounds, chosen, in_loss, q_local, ctx)
+    metrics_by_round = [r.scored.reward_metrics for r in rounds]
+    reward_metrics = {  # over every completion the step generated
+        key: sum(m[key] for m in metrics_by_round if key in m)
+        / sum(1 for m in metrics_by_round if key in m)
+        for key in dict.fromkeys(k for m in metrics_by_round for k in m)
+    }
+    times = (
+        sum(r.scored.time_rollout_s for r in rounds),
+        sum(r.scored.time_reward_s for r in rounds),
+    )
+    generated = sum(r.totals[2] for r in rounds)
+    metrics = {
+        # Over every response the step generated, not the filtered batch (whose mean describes
+        # the filter): the guards' reward-crash check reads these.
+        "reward_mean": sum(r.totals[0] for r in rounds) / generated,
+        "accuracy": sum(r.totals[1] for r in rounds) / generated,
+        "dynamic_sampling_rounds": float(len(rounds)),
+        "dynamic_sampling_kept_groups": float(len(used)),
+        "dynamic_sampling_refill_frac": sum(1 for r, _ in used if r > 0) / q,
+        "dynamic_sampling_mixed_frac": len(kept) / len(drawn),
+        "dynamic_sampling_short": float(len(used) < q),
+    }
+    return Collected(
+        concat_groups(groups, reward_metrics, times),
+        [rounds[r].index[i] for r, i in chosen],
+        ctx.rank * q_local,
+        metrics,
+    )
+
+
+def _share(
+    rounds: list[_Round],
+    chosen: list[tuple[int, int]],
+    in_loss: list[bool],
+    q_local: int,
+    ctx: DistContext,
+) -> list[ScoredGroups]:
+    """This rank's groups of the batch (positions rank x q_local onwards), one per position:
+    its own, and those other ranks generated, which they send in one all-gather."""
+
+    def owned(position: int) -> ScoredGroups:  # a group this rank generated
+        r, i = chosen[position]
+        return select_groups(rounds[r].scored, [i - ctx.rank * q_local], in_loss[position])
+
+    def generator(position: int) -> int:  # the rank that generated a batch position's group
+        return chosen[position][1] // q_local
+
+    outgoing = {
+        p: owned(p)
+        for p in range(len(chosen))
+        if generator(p) == ctx.rank and p // q_local != ctx.rank
+    }
+    incoming: dict[int, ScoredGroups] = {}
+    for part in ctx.all_gather(outgoing):  # every rank takes part, even with nothing to send
+        incoming.update(part)
+    mine = range(ctx.rank * q_local, (ctx.rank + 1) * q_local)
+    return [owned(p) if generator(p) == ctx.rank else incoming[p] for p in mine]
+
+
+def short_notice(step: int, metrics: dict[str, float], max_rounds: int) -> str | None:
+    """The console line of a step that ran out of rounds before its batch was full."""
+    if not metrics.get("dynamic_sampling_short"):
+        return None
+    kept = int(metrics["dynamic_sampling_kept_groups"])
+    return (
+        f"step {step}: dynamic sampling kept {kept} groups with mixed rewards after "
+        f"{max_rounds} rounds (rollout.dynamic_sampling_max_rounds), short of a full batch: "
+        f"training on those {kept}"
+    )

@@ -1,0 +1,100 @@
+"""Scored groups: what the collection phase of an RL step hands to its training phase.
+
+The collection phase (`step.collect_groups`) generates G responses for each prompt and scores
+them; dynamic sampling (train/step/dynamic_sampling.py) runs it for several rounds and assembles
+one batch from the groups it keeps (`select_groups`, `concat_groups`); the training phase
+(`step.train_groups`) turns the result into advantages and updates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from gspo_cli.rollout.base import RolloutBatch
+
+
+@dataclass
+class ScoredGroups:
+    """Whole groups of responses with their rewards, laid out group by group."""
+
+    rollout: RolloutBatch  # N = groups x G responses
+    rewards: list[float]  # [N] the reward functions' weighted sum plus the overlong penalty
+    correct: list[float]  # [N] 1.0 where the first reward function scored 1.0 or more
+    overlong: list[float]  # [N] the overlong penalty inside `rewards` (<= 0; 0 when off)
+    in_loss: list[bool]  # [groups] False: a dropped group that only fills the batch (mask 0)
+    reward_metrics: dict[str, float] = field(default_factory=dict)  # reward/<name>/mean
+    time_rollout_s: float = 0.0
+    time_reward_s: float = 0.0
+
+    @property
+    def group_size(self) -> int:
+        return len(self.rewards) // max(1, len(self.in_loss))
+
+    def loss_rows(self, mask_truncated: bool) -> torch.Tensor:
+        """`[N]` bool: the responses that enter the loss and its normalisers. Not the filling
+        groups, nor (`mask_truncated`, DAPO's overlong filtering) responses cut at the cap."""
+        rows = torch.tensor(self.in_loss, dtype=torch.bool).repeat_interleave(self.group_size)
+        if mask_truncated:
+            rows &= ~torch.tensor(self.rollout.truncated, dtype=torch.bool)
+        return rows  # [N]
+
+
+def _rollout_rows(batch: RolloutBatch, rows: list[int]) -> RolloutBatch:
+    def pick(values: list) -> list:  # type: ignore[type-arg]
+        return [values[r] for r in rows]
+
+    return RolloutBatch(
+        pick(batch.prompt_ids),
+        pick(batch.completion_ids),
+        None if batch.completion_logprobs is None else pick(batch.completion_logprobs),
+        pick(batch.texts),
+        pick(batch.truncated),
+        None if batch.routed_experts is None else pick(batch.routed_experts),
+    )
+
+
+def select_groups(scored: ScoredGroups, groups: list[int], in_loss: bool = True) -> ScoredGroups:
+    """Groups `groups` of `scored`, in that order; `in_loss` False marks them as filling.
+    Timings and reward metrics stay with the round that measured them (zero and empty here)."""
+    g = scored.group_size
+    rows = [group * g + j for group in groups for j in range(g)]
+    return ScoredGroups(
+        _rollout_rows(scored.rollout, rows),
+        [scored.rewards[r] for r in rows],
+        [scored.correct[r] for r in rows],
+        [scored.overlong[r] for r in rows],
+        [in_loss and scored.in_loss[group] for group in groups],
+    )
+
+
+def concat_groups(
+    parts: list[ScoredGroups], reward_metrics: dict[str, float], times: tuple[float, float]
+) -> ScoredGroups:
+    """The groups of `parts` one after the other, with the step's reward metrics and its
+    (rollout, reward) seconds."""
+    first = parts[0].rollout
+
+    def joined(name: str) -> list | None:  # type: ignore[type-arg]
+        if getattr(first, name) is None:
+            return None
+        return [value for part in parts for value in getattr(part.rollout, name)]
+
+    rollout = RolloutBatch(
+        [p for part in parts for p in part.rollout.prompt_ids],
+        [c for part in parts for c in part.rollout.completion_ids],
+        joined("completion_logprobs"),
+        [t for part in parts for t in part.rollout.texts],
+        [t for part in parts for t in part.rollout.truncated],
+        joined("routed_experts"),
+    )
+    return ScoredGroups(
+        rollout,
+        [r for part in parts for r in part.rewards],
+        [c for part in parts for c in part.correct],
+        [o for part in parts for o in part.overlong],
+        [k for part in parts for k in part.in_loss],
+        reward_metrics,
+        *times,
+    )
