@@ -35,6 +35,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from gspo_cli.rewards.code.judge import JudgePool
 from gspo_cli.rewards.contract import declares_structured_answers
+from gspo_cli.rewards.import_probe import probe_import
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rewards.registry import REWARDS, RewardFn
 
@@ -89,6 +90,7 @@ def resolve_reward(name: str) -> RewardFn:
     folder = os.getcwd()
     if folder not in sys.path:  # the console script's path starts at its own bin folder
         sys.path.append(folder)  # after the installed packages: it shadows none of them
+    probe_import(name, module_name)  # in a child first: an exit or a hang there is one line
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
