@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from gspo_cli.algorithms import (
+    LOG_RATIO_CLAMP,
     LOSS_AGGREGATIONS,
     POLICY_LOSSES,
     compute_policy_loss,
@@ -262,3 +264,23 @@ def test_gspo_token_matches_gspo_gradient_even_where_the_clamp_binds() -> None:
         grads[algo] = torch.autograd.grad(loss, x)[0]
     assert torch.equal(grads["gspo"][0], torch.zeros(6))
     torch.testing.assert_close(grads["gspo"], grads["gspo_token"])
+
+
+@pytest.mark.parametrize("algo", ["gspo", "grpo"])
+def test_the_clamp_changes_a_negative_advantage_term_past_its_bound(algo: str) -> None:
+    """What LOG_RATIO_CLAMP's comment says: with A > 0 the clip holds a huge ratio flat anyway;
+    with A < 0 the min keeps the unclipped r * A, so past the clamp the term is exp(20) * A and
+    its gradient is 0, not r * A with a gradient growing with r."""
+    old = torch.zeros(1, 1)
+    mask = torch.ones(1, 1)
+    for advantage in (1.0, -1.0):
+        logprobs = torch.full((1, 1), 25.0, requires_grad=True)  # log-ratio 25 > 20
+        loss, _ = compute_policy_loss(
+            logprobs, old, torch.tensor([advantage]), mask,
+            algorithm=algo, clip_low=0.2, clip_high=0.2, loss_agg="seq_mean_token_mean",
+        )  # fmt: skip
+        loss.backward()
+        assert logprobs.grad is not None
+        assert float(logprobs.grad.abs().sum()) == 0.0  # the clip's (A > 0), the clamp's (A < 0)
+        if advantage < 0:  # -min(r A, clip(r) A) = -r A with r = exp(20), not exp(25)
+            assert float(loss) == pytest.approx(math.exp(LOG_RATIO_CLAMP), rel=1e-5)
