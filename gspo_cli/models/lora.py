@@ -11,8 +11,9 @@ evaluation and export).
 A folder of adapters names its base model in `adapter_config.json` (`base_model_name_or_path`):
 a hub id, or the absolute path of a folder. `adapter_base` reads it back, and finds a base that
 lived in a run folder moved since (the checkpoint's run folder holds it under the same name).
-A GGUF base (a `.gguf` path, or a pretrained built-in) is named, not copied, so its SHA-256 is
-saved beside the adapters (GGUF_BASE) and `check_base_sha256` refuses a file replaced since.
+A GGUF base (a `.gguf` path, or a pretrained built-in) or a local folder is named, not copied,
+so its SHA-256 (of the file; of a folder's weights and config) is saved beside the adapters
+(GGUF_BASE, named for its first use) and `check_base_sha256` refuses a base changed since.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import json
 import re
 import warnings
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ ADAPTER = "default"  # peft's name of a model's one adapter
 LORA_KEY = ".lora_"  # in the state-dict names of peft's LoRA parameters
 # peft's wrapped layer in names, once or nested (a ParamWrapper per adapted parameter)
 BASE_LAYER = re.compile(r"(\.base_layer)+(?=\.|$)")
+TIED_WARNINGS = r"Model (has|with) `tie_word_embeddings=True`"  # peft's, on a tied target
 
 
 def linear_names(model: nn.Module) -> list[str]:
@@ -66,12 +68,40 @@ def target_problem(model: nn.Module, targets: list[str] | str, label: str) -> st
         return None  # all-linear: whatever the model has
     modules = [name for name, _ in model.named_modules()]
     for target in targets:
-        if not any(name == target or name.endswith(f".{target}") for name in modules):
+        if not any(_matches(name, target) for name in modules):
             return (
                 f"model.lora.target_modules: {label} has no module {target!r}; its linear "
                 f"modules are {', '.join(linear_names(model))} (or use {ALL_LINEAR})"
             )
+    return tied_target_problem(model, targets, label)
+
+
+def tied_target_problem(model: nn.Module, targets: list[str], label: str) -> str | None:
+    """One line naming a target whose weight `model` shares with another module (an LM head
+    tied to the input embeddings): merged, its adapter would change that module too, so the
+    exported model would compute something else than the trained one."""
+    owners: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(param), []).append(name)
+    for name, module in model.named_modules():
+        if not any(_matches(name, target) for target in targets):
+            continue
+        for key, param in module.named_parameters(recurse=False):
+            others = [other for other in owners[id(param)] if other != f"{name}.{key}"]
+            if others:
+                shared = others[0].rpartition(".")[0]
+                return (
+                    f"model.lora.target_modules: {name} of {label} shares its {key} with "
+                    f"{shared} (tied embeddings): a LoRA on it would also change {shared} once "
+                    f"merged, so export and eval would differ from the trained model; remove "
+                    f"{name.rpartition('.')[2]} from target_modules ({ALL_LINEAR} leaves the "
+                    "output head out)"
+                )
     return None
+
+
+def _matches(name: str, target: str) -> bool:
+    return name == target or name.endswith(f".{target}")
 
 
 def model_skeleton(path: str, config_dir: Path | None) -> nn.Module | None:
@@ -104,7 +134,7 @@ class Adapters:
     def __init__(self, wrapped: Any) -> None:
         self.peft = wrapped  # peft.PeftModel
         self.model: PreTrainedModel = wrapped.get_base_model()
-        self.base_sha256: str | None = None  # of a GGUF base: saved, and checked on load
+        self.base_sha256: str | None = None  # of a GGUF or folder base: saved, checked on load
 
     @classmethod
     def add(
@@ -154,7 +184,7 @@ class Adapters:
 
     def name_base(self, base: str, sha256: str | None = None) -> None:
         """What saved adapters name as their base model (`base_model_name_or_path`) and, for
-        a GGUF base, the SHA-256 of its file (a name alone would follow a replaced file)."""
+        a GGUF or local folder base, its SHA-256 (a name alone would follow replaced weights)."""
         self.peft.peft_config[ADAPTER].base_model_name_or_path = base
         self.base_sha256 = sha256
 
@@ -164,8 +194,8 @@ class Adapters:
         return str(self.peft.peft_config[ADAPTER].base_model_name_or_path)
 
     def check_base(self, folder: Path) -> None:
-        """On resume: the adapters saved in `folder` were trained on this base, the GGUF file as
-        it is now (when both digests are known)."""
+        """On resume: the adapters saved in `folder` were trained on this base, the GGUF file
+        or folder as it is now (when both digests are known)."""
         if self.base_sha256 is not None:
             check_base_sha256(folder, self.base, self.base_sha256)
 
@@ -227,11 +257,36 @@ def merge_adapters(model: PreTrainedModel, folder: Path) -> PreTrainedModel:
     from peft import PeftModel
 
     try:
-        adapted = PeftModel.from_pretrained(model, str(folder))
+        with _quiet_tied_warnings():  # _untie_adapted_head handles what they warn about
+            adapted = PeftModel.from_pretrained(model, str(folder))
     except Exception as exc:  # peft and safetensors raise many types for a bad folder
         raise GspoError(f"cannot load the adapters in {folder}: {_first_line(exc)}") from None
+    _untie_adapted_head(model)
     merged: PreTrainedModel = adapted.merge_and_unload()
     return merged
+
+
+@contextmanager
+def _quiet_tied_warnings() -> Iterator[None]:
+    """Without peft's warnings about adapters on a tied layer (20-odd lines of advice on
+    untying, per load): gspo refuses such a target in a new run (tied_target_problem) and
+    merges older adapters untied (_untie_adapted_head)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=TIED_WARNINGS)
+        yield
+
+
+def _untie_adapted_head(model: PreTrainedModel) -> None:
+    """Adapters on an output head tied to the input embeddings (saved before gspo refused them):
+    the trained model applied them to the head only, so the head gets a weight of its own, and
+    the config says so, before they are merged into it."""
+    head, inputs = model.get_output_embeddings(), model.get_input_embeddings()
+    base = getattr(head, "base_layer", None)  # peft's layer around the head, if it is adapted
+    if base is None or inputs is None or base.weight is not inputs.weight:
+        return
+    base.weight = nn.Parameter(base.weight.detach().clone(), requires_grad=False)
+    for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+        config.tie_word_embeddings = False
 
 
 def is_adapter_folder(path: Path) -> bool:
@@ -254,8 +309,8 @@ def adapter_base(folder: Path) -> str:
 
 
 def recorded_base_sha256(folder: Path) -> str | None:
-    """The SHA-256 of the GGUF base the adapters in `folder` were saved on; None when none was
-    recorded (a base that is no GGUF, or adapters saved before digests were)."""
+    """The SHA-256 of the GGUF or folder base the adapters in `folder` were saved on; None when
+    none was recorded (a hub or run-folder base, or adapters saved before digests were)."""
     file = folder / GGUF_BASE
     if not file.is_file():
         return None
@@ -276,13 +331,14 @@ def _json_text(file: Path, key: str, missing: str) -> str:
 
 
 def check_base_sha256(folder: Path, base: str | Path, sha256: str) -> None:
-    """Refuse to put the adapters in `folder` on the GGUF `base` whose file now has `sha256`
-    when they recorded another: a replaced file would silently change the model they adapt."""
+    """Refuse to put the adapters in `folder` on the `base` (a GGUF file or a local folder)
+    that now has `sha256` when they recorded another: replaced weights would silently change
+    the model they adapt."""
     recorded = recorded_base_sha256(folder)
     if recorded is not None and recorded != sha256:
         raise GspoError(
             f"{base} has changed since the adapters in {folder} were trained on it: its SHA-256 "
-            f"was {recorded[:12]}, it is {sha256[:12]} now; put the original file back, or "
+            f"was {recorded[:12]}, it is {sha256[:12]} now; put the original weights back, or "
             "train new adapters"
         )
 

@@ -1,7 +1,7 @@
 """LoRA in a training run (`model.lora`; the peft side is models/lora.py): each engine adds the
 adapters to the model it wraps and trains only them, the KL reference is that same model with
 them switched off (reference.BaseReference), and checkpoints hold the adapters and name the
-base model (a GGUF base with its file's SHA-256, which loading the adapters checks).
+base model (a GGUF base or a local folder with its SHA-256, which loading the adapters checks).
 
 The base model is the policy RL starts from: the cold-start result when the cold start is on
 (saved in the run folder anyway), else the recipe's model. A hub id or a local folder is named
@@ -20,8 +20,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import SAFE_WEIGHTS_NAME as WEIGHTS_NAME
 
 from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX
-from gspo_cli.models.gguf import GGUF_SUFFIX, file_digest
-from gspo_cli.models.loading import gguf_file, hf_path, is_gguf_path
+from gspo_cli.models.gguf import GGUF_SUFFIX
+from gspo_cli.models.loading import base_digest, hf_path, is_gguf_path
 from gspo_cli.models.lora import Adapters, model_skeleton, target_problem
 from gspo_cli.recipe.bounds import model_config_file
 from gspo_cli.recipe.inputs import LoraConfig
@@ -71,10 +71,10 @@ def base_name(recipe: Recipe, run_dir: Path) -> str:
 
 
 def base_sha256(recipe: Recipe) -> str | None:
-    """The SHA-256 of the GGUF file a LoRA run's base is rebuilt from (`base_name` names it),
-    saved with the adapters so that a replaced file is refused; None for any other base."""
-    file = None if recipe.cold_start.enabled else gguf_file(recipe.model.path)
-    return None if file is None else file_digest(file)  # cached: the run just converted it
+    """The SHA-256 of the base a LoRA run's adapters are saved on (`base_name` names it): a
+    GGUF file, or a local folder's weights (models.loading.base_digest), saved with the adapters
+    so that a base changed since is refused; None for a base in the run folder or on the hub."""
+    return None if recipe.cold_start.enabled else base_digest(recipe.model.path)
 
 
 def save_builtin_base(

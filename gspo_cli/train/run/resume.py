@@ -17,9 +17,7 @@ import yaml
 from rich.console import Console
 
 from gspo_cli.errors import GspoError
-from gspo_cli.models.gguf import file_digest
-from gspo_cli.models.loading import gguf_file
-from gspo_cli.models.lora import check_base_sha256
+from gspo_cli.models.loading import check_base_digest
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.run_folder import CHECKPOINTS, COLD_START, HF_CONFIG, LATEST, RECIPE
 from gspo_cli.train.engines.distributed import DistContext
@@ -148,18 +146,15 @@ def resume_from_checkpoint(
 
 
 def check_resumed_base(recipe: Recipe, run_dir: Path) -> None:
-    """On --resume of a LoRA run on a GGUF base: the file must still be the one the latest
-    checkpoint's adapters were trained on, checked before that file is converted (about 20 s
-    for SmolLM2; the LoRA target check converts it) or the run folder is reopened. Loading
-    the checkpoint checks it again."""
-    file = gguf_file(recipe.model.path) if recipe.model.lora.r else None
-    if file is None or not file.is_file():  # no GGUF base; a missing file: convert_first says so
-        return
-    if _saved_model_path(run_dir) != recipe.model.path:
+    """On --resume of a LoRA run on a GGUF base or a local folder: it must still be the model
+    the latest checkpoint's adapters were trained on, checked before a GGUF is converted
+    (about 20 s for SmolLM2; the LoRA target check converts it) or the run folder is reopened.
+    Loading the checkpoint checks it again."""
+    if not recipe.model.lora.r or _saved_model_path(run_dir) != recipe.model.path:
         return  # another base, or no readable recipe: check_resumable says so in its own words
     latest = latest_checkpoint(run_dir / CHECKPOINTS, cleanup=False)
     if latest is not None:  # a checkpoint without the record (e.g. cold start on) is not checked
-        check_base_sha256(latest, recipe.model.path, file_digest(file))
+        check_base_digest(latest, recipe.model.path)
 
 
 def _saved_model_path(run_dir: Path) -> Any:
