@@ -71,11 +71,12 @@ def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
 
 
 def _check_lora(file: Path, recipe: Recipe) -> None:
-    """A LoRA target module the model lacks: one line, exit 2, before anything is written."""
+    """A LoRA target the model lacks or ties, or a rank too large for its layers or the
+    machine's memory: one line, exit 2, before anything is written."""
     if recipe.model.lora.r:
-        from gspo_cli.train.engines.adapters import early_target_problem
+        from gspo_cli.train.engines.adapters import early_lora_problem
 
-        problem = early_target_problem(recipe)
+        problem = early_lora_problem(recipe)
         if problem is not None:
             raise RecipeError(str(file), [problem])
 

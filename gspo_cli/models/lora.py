@@ -127,6 +127,30 @@ def model_skeleton(path: str, config_dir: Path | None) -> nn.Module | None:
             return None
 
 
+def adapter_size(model: nn.Module, targets: list[str] | str) -> tuple[int, int] | None:
+    """(adapter parameters per unit of rank, the largest min(in, out) of an adapted layer) of
+    LoRA on `targets`, from peft itself on `model` (a skeleton on the meta device, which this
+    wraps): adapters grow linearly with the rank, so rank 1 tells them. None when peft
+    refuses the targets (Adapters.add reports it)."""
+    import peft
+    from peft.tuners.lora import LoraLayer
+
+    config = peft.LoraConfig(r=1, target_modules=targets, task_type="CAUSAL_LM")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a sizing pass: Adapters.add warns what matters
+            wrapped = peft.get_peft_model(model, config)
+    except ValueError:
+        return None
+    dims = [
+        min(module.in_features, module.out_features)
+        for module in wrapped.modules()
+        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A
+    ]
+    per_rank, _ = wrapped.get_nb_trainable_parameters()
+    return int(per_rank), max(dims, default=0)
+
+
 class Adapters:
     """A model's LoRA adapters: the peft wrapper, beside the HF model (with peft's layers in
     it) that the engines train."""

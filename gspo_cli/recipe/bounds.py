@@ -4,9 +4,13 @@
 - The longest prompt + response against the model's positions, when the model's config is known
   without loading it: the built-in models' table, a local folder's config.json, or the
   config.json of a hub id already in the local hub cache (the hub itself is never asked here).
+- `rollout.max_staleness` against `trainer.steps`: a staleness the run never reaches would
+  train every step on the initial policy's samples.
 - A rough memory estimate (the KV cache of the responses generated at once, the activations
-  and logits of one training micro-batch), compared with the available RAM of a CPU run: one
-  warning line, never an error.
+  and logits of one training micro-batch, and LoRA adapters with their gradients and AdamW
+  states), compared with the available RAM of a CPU run: one warning line, or an error when the
+  adapters alone push it over (a rank too large for the machine). The LoRA parts are checked by
+  `check_lora_memory`, which train/engines/adapters.py calls once it knows the adapters' size.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 ACTIVATION_VALUES = 17
 # Responses the hf engine generates at once (HFGenerateEngine's max_batch; a test pins it).
 HF_GENERATE_ROWS = 256
+# Bytes per LoRA adapter parameter while training: peft keeps adapters in float32, and each
+# has a float32 gradient and AdamW's two float32 states (exp_avg, exp_avg_sq).
+ADAPTER_PARAM_BYTES = 4 * 4
 
 
 class ModelShape(NamedTuple):
@@ -155,9 +162,24 @@ def length_problems(recipe: Recipe, shape: ModelShape | None) -> list[str]:
     ]
 
 
+def staleness_problem(recipe: Recipe) -> str | None:
+    """A max_staleness of at least trainer.steps: step s trains on a batch sampled by the
+    policy of step max(0, s - 1 - max_staleness), so the run never reaches that staleness and
+    every one of its steps trains on samples of the initial policy."""
+    staleness, steps = recipe.rollout.max_staleness, recipe.trainer.steps
+    if not staleness or staleness < steps:
+        return None
+    return (
+        f"rollout.max_staleness: {staleness} is not below trainer.steps ({steps}): every step "
+        f"would train on batches sampled by the initial policy (step s samples from the "
+        f"policy of step s - 1 - {staleness}); lower max_staleness below {steps} (1 or 2 "
+        "overlap sampling with training) or set it to 0"
+    )
+
+
 def size_problems(recipe: Recipe) -> list[str]:
     """Every size problem of a valid recipe, one line each (empty when none)."""
-    problems = [p for p in [batch_problem(recipe)] if p is not None]
+    problems = [p for p in [batch_problem(recipe), staleness_problem(recipe)] if p is not None]
     try:
         shape = model_shape(recipe.model.path)
     except ValueError as exc:
@@ -171,15 +193,19 @@ class MemoryEstimate(NamedTuple):
     logits_bytes: int  # float32 logits of that micro-batch's response tokens
     micro_rows: int
     micro_tokens: int  # rows x (prompt + response), or the token budget when smaller
+    adapter_bytes: int = 0  # LoRA adapters, their gradients and AdamW states
 
     @property
     def total(self) -> int:
-        return self.kv_cache_bytes + self.activation_bytes + self.logits_bytes
+        return self.kv_cache_bytes + self.activation_bytes + self.logits_bytes + self.adapter_bytes
 
 
-def estimate_memory(recipe: Recipe, shape: ModelShape) -> MemoryEstimate | None:
-    """A rough upper estimate of the buffers that grow with the recipe's sizes (not weights or
-    optimizer states, which are the model's); None when the config lacks a size."""
+def estimate_memory(
+    recipe: Recipe, shape: ModelShape, adapter_params: int = 0
+) -> MemoryEstimate | None:
+    """A rough upper estimate of the buffers that grow with the recipe's sizes, and of LoRA's
+    `adapter_params` adapters with their gradients and AdamW states (not the model's own
+    weights or a full fine-tune's optimizer states); None when the config lacks a size."""
     _, layers, hidden, kv_heads, head_dim, vocab = shape
     if layers is None or hidden is None or kv_heads is None or head_dim is None or vocab is None:
         return None
@@ -206,6 +232,7 @@ def estimate_memory(recipe: Recipe, shape: ModelShape) -> MemoryEstimate | None:
         logits_bytes=head_tokens * vocab * LOGIT_BYTES,
         micro_rows=micro_rows,
         micro_tokens=micro_tokens,
+        adapter_bytes=adapter_params * ADAPTER_PARAM_BYTES,
     )
 
 
@@ -220,35 +247,89 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def memory_warning(recipe: Recipe, shape: ModelShape | None, available: int) -> str | None:
+def memory_warning(
+    recipe: Recipe, shape: ModelShape | None, available: int, adapter_params: int = 0
+) -> str | None:
     """One warning line when the estimate exceeds `available` bytes, else None."""
-    estimate = estimate_memory(recipe, shape) if shape is not None else None
+    estimate = estimate_memory(recipe, shape, adapter_params) if shape is not None else None
     if estimate is None or estimate.total <= available:
         return None
+    adapters = (
+        f", LoRA adapters with gradients and AdamW states ({estimate.adapter_bytes / GIB:.1f} GiB)"
+        if estimate.adapter_bytes
+        else ""
+    )
     return (
         f"warning: {recipe.model.path}: about {estimate.total / GIB:.1f} GiB for one training "
         f"micro-batch of {estimate.micro_rows} rows ({estimate.micro_tokens} tokens: "
         f"{estimate.activation_bytes / GIB:.1f} GiB of activations, "
-        f"{estimate.logits_bytes / GIB:.1f} GiB of logits) and the rollout's KV cache "
-        f"({estimate.kv_cache_bytes / GIB:.1f} GiB), more than the {available / GIB:.1f} GiB of "
-        "RAM available: lower trainer.micro_batch_size (0 = a whole minibatch), "
-        "rollout.num_prompts, rollout.group_size or rollout.max_new_tokens"
+        f"{estimate.logits_bytes / GIB:.1f} GiB of logits){adapters} and the rollout's KV "
+        f"cache ({estimate.kv_cache_bytes / GIB:.1f} GiB), more than the "
+        f"{available / GIB:.1f} GiB of RAM available: lower trainer.micro_batch_size (0 = a "
+        "whole minibatch), rollout.num_prompts, rollout.group_size or rollout.max_new_tokens"
     )
 
 
-def warn_memory(recipe: Recipe) -> None:
+def lora_memory_problem(
+    recipe: Recipe, shape: ModelShape | None, available: int, adapter_params: int
+) -> str | None:
+    """The line refusing model.lora.r when its adapters (weights, gradients, AdamW states)
+    take the estimate past `available` bytes, which it stays within without them."""
+    estimate = estimate_memory(recipe, shape, adapter_params) if shape is not None else None
+    if estimate is None or estimate.total <= available:
+        return None
+    if estimate.total - estimate.adapter_bytes > available:
+        return None  # too much without the adapters: memory_warning says what to lower
+    return (
+        f"model.lora.r: {recipe.model.lora.r} gives {adapter_params:,} adapter parameters, "
+        f"{_amount(estimate.adapter_bytes)} with their gradients and AdamW states, which "
+        f"takes the run's estimate to {estimate.total / GIB:.1f} GiB, more than the "
+        f"{available / GIB:.1f} GiB of RAM available: lower model.lora.r or target fewer "
+        "modules"
+    )
+
+
+def _amount(size: int) -> str:
+    """Bytes in GiB, or in MiB below a tenth of a GiB (which would print as 0.0 GiB)."""
+    return f"{size / GIB:.1f} GiB" if size >= GIB // 10 else f"{size / 1024**2:.1f} MiB"
+
+
+def warn_memory(recipe: Recipe, adapter_params: int | None = None) -> None:
     """Log the memory warning of a CPU run, once per launch: on CUDA the GPU's memory is known
-    only once the device is up, and a launcher's ranks load the recipe after their parent."""
-    if "LOCAL_RANK" in os.environ or not _trains_on_cpu(recipe):
+    only once the device is up, and a launcher's ranks load the recipe after their parent.
+    A LoRA recipe is checked once its adapters' size is known (`check_lora_memory`)."""
+    if recipe.model.lora.r and adapter_params is None:
         return
-    available = available_memory_bytes()
-    try:
-        shape = model_shape(recipe.model.path)
-    except ValueError:  # size_problems reported it
-        return
-    line = memory_warning(recipe, shape, available) if available is not None else None
+    available, shape = _cpu_memory_and_shape(recipe)
+    line = None
+    if available is not None:
+        line = memory_warning(recipe, shape, available, adapter_params or 0)
     if line is not None:
         log.warning(line)
+
+
+def check_lora_memory(recipe: Recipe, adapter_params: int) -> str | None:
+    """For a LoRA recipe whose adapters have `adapter_params` parameters: the line refusing its
+    rank (lora_memory_problem), else None after the memory warning, if any, is logged."""
+    available, shape = _cpu_memory_and_shape(recipe)
+    problem = None
+    if available is not None:
+        problem = lora_memory_problem(recipe, shape, available, adapter_params)
+    if problem is None:
+        warn_memory(recipe, adapter_params)
+    return problem
+
+
+def _cpu_memory_and_shape(recipe: Recipe) -> tuple[int | None, ModelShape | None]:
+    """The RAM available to a CPU run that is no launcher's rank (None otherwise, or when
+    unknown) and the model's shape (None when unknown; size_problems reports a bad config)."""
+    if "LOCAL_RANK" in os.environ or not _trains_on_cpu(recipe):
+        return None, None
+    try:
+        shape = model_shape(recipe.model.path)
+    except ValueError:
+        return None, None
+    return available_memory_bytes(), shape
 
 
 def _trains_on_cpu(recipe: Recipe) -> bool:

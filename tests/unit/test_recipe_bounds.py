@@ -1,15 +1,17 @@
 """Size bounds checked at validate time: the rollout batch cap, prompt + response lengths
-against the model's positions, and the memory warning given before anything is loaded."""
+against the model's positions, max_staleness against the run's steps, LoRA ranks against the
+adapted layers and the memory, and the memory warning given before anything is loaded."""
 
 from __future__ import annotations
 
 import json
 import logging
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from gspo_cli.recipe import Recipe, RecipeError, load_recipe
+from gspo_cli.recipe import Recipe, RecipeError, bounds, load_recipe
 from gspo_cli.recipe.bounds import (
     ACTIVATION_VALUES,
     BUILTIN_SHAPES,
@@ -20,6 +22,7 @@ from gspo_cli.recipe.bounds import (
     memory_warning,
     shape_from_config,
 )
+from tests.helpers import invoke_cli
 
 # A model folder needs only config.json to validate; these sizes are Qwen2.5-7B's.
 BIG_CONFIG = {
@@ -182,3 +185,57 @@ def test_lengths_are_checked_again_once_the_model_is_loaded(tmp_path: Path) -> N
     )  # schema only: the loader's bounds never ran
     with pytest.raises(GspoError, match="256 \\+ 64 = 320 is past the 128 positions"):
         load_recipe_model(recipe)
+
+
+def test_a_max_staleness_the_run_never_reaches_is_refused(tmp_path: Path) -> None:
+    text = "rollout: {max_staleness: 4}\ntrainer: {steps: 4}\n"
+    found = problems(tmp_path, text)
+    assert len(found) == 1 and found[0].startswith("rollout.max_staleness: 4 is not below")
+    assert "every step would train on batches sampled by the initial policy" in found[0]
+    assert problems(tmp_path, text, ["trainer.steps=2"])[0].startswith("rollout.max_staleness")
+    (tmp_path / "ok.yaml").write_text("rollout: {max_staleness: 3}\ntrainer: {steps: 4}\n")
+    assert load_recipe(tmp_path / "ok.yaml").rollout.max_staleness == 3
+
+
+def test_the_memory_estimate_counts_lora_adapters_gradients_and_adamw_states() -> None:
+    recipe = Recipe.model_validate({"model": {"lora": {"r": 8}}})
+    shape = BUILTIN_SHAPES["tiny-dense"]
+    without = estimate_memory(recipe, shape)
+    with_adapters = estimate_memory(recipe, shape, adapter_params=1000)
+    assert without is not None and with_adapters is not None
+    assert with_adapters.adapter_bytes == 1000 * (4 + 4 + 8)  # fp32 weights, grads, 2 states
+    assert with_adapters.total == without.total + 16_000
+    line = memory_warning(recipe, shape, available=without.total, adapter_params=1000)
+    assert line is not None and "LoRA adapters with gradients and AdamW states" in line
+
+
+def _validate(tmp_path: Path, *settings: str) -> subprocess.CompletedProcess[str]:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model: {path: builtin:tiny-dense}\ntrainer: {device: cpu}\n")
+    return invoke_cli("validate", str(recipe), *[a for s in settings for a in ("--set", s)])
+
+
+def test_a_lora_rank_above_every_adapted_layers_dimensions_is_refused(tmp_path: Path) -> None:
+    # tiny-dense: hidden 128, k/v 64, MLP 384; no layer's update has rank above 128
+    result = _validate(tmp_path, "model.lora.r=100000")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "model.lora.r: 100000 is more than any adapted layer can use" in result.stderr
+    assert "(972,800,000 instead of 1,245,184); use r 128 or less" in result.stderr
+    only_k = _validate(tmp_path, "model.lora.r=65", "model.lora.target_modules=[k_proj]")
+    assert only_k.returncode == 2 and "use r 64 or less" in only_k.stderr
+    assert _validate(tmp_path, "model.lora.r=128").returncode == 0
+
+
+def test_a_lora_rank_whose_adapters_exceed_the_memory_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipe = Recipe.model_validate({"model": {"lora": {"r": 128}}, "trainer": {"device": "cpu"}})
+    without = estimate_memory(recipe, BUILTIN_SHAPES["tiny-dense"])
+    assert without is not None
+    # room for the run and 4 MiB: r 8's adapters (1.2 MB with their states), not r 128's (20 MB)
+    monkeypatch.setattr(bounds, "available_memory_bytes", lambda: without.total + 4 * 1024**2)
+    result = _validate(tmp_path, "model.lora.r=128")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "model.lora.r: 128 gives 1,245,184 adapter parameters, 19.0 MiB" in result.stderr
+    assert "lower model.lora.r or target fewer modules" in result.stderr
+    assert _validate(tmp_path, "model.lora.r=8").returncode == 0

@@ -16,14 +16,15 @@ import shutil
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import SAFE_WEIGHTS_NAME as WEIGHTS_NAME
 
 from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX
 from gspo_cli.models.gguf import GGUF_SUFFIX
 from gspo_cli.models.loading import base_digest, hf_path, is_gguf_path
-from gspo_cli.models.lora import Adapters, model_skeleton, target_problem
-from gspo_cli.recipe.bounds import model_config_file
+from gspo_cli.models.lora import Adapters, adapter_size, model_skeleton, target_problem
+from gspo_cli.recipe.bounds import check_lora_memory, model_config_file, warn_memory
 from gspo_cli.recipe.inputs import LoraConfig
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.run_folder import COLD_START, LORA_BASE, save_hf_folder
@@ -39,20 +40,46 @@ def add_adapters(model: PreTrainedModel, cfg: LoraConfig) -> Adapters | None:
     )
 
 
-def early_target_problem(recipe: Recipe) -> str | None:
-    """A `model.lora.target_modules` name the model lacks, found before anything is loaded or
-    written: when the model's modules are known without the hub or its weights (built on the
-    meta device from a built-in's or a config.json's description; not with remote code, which
-    would run here). The engine checks the loaded model again."""
-    lora, path = recipe.model.lora, recipe.model.path
-    if not lora.r or isinstance(lora.target_modules, str) or recipe.model.trust_remote_code:
+def early_lora_problem(recipe: Recipe) -> str | None:
+    """A `model.lora` problem found before anything is loaded or written, when the model's
+    modules are known without the hub or its weights (built on the meta device from a
+    built-in's or a config.json's description; not with remote code, which would run here):
+    a target module the model lacks or that shares its weight (a tied LM head), a rank larger
+    than any adapted layer can use, or one whose adapters exceed the machine's memory. The
+    engine checks the loaded model's targets again."""
+    lora = recipe.model.lora
+    skeleton = None if recipe.model.trust_remote_code else _skeleton(recipe.model.path)
+    size = None
+    if skeleton is not None:
+        problem = target_problem(skeleton, lora.target_modules, recipe.model.path)
+        if problem is not None:
+            return problem
+        size = adapter_size(skeleton, lora.target_modules)
+    if size is None:
+        warn_memory(recipe, 0)  # the adapters' size unknown: the rest of the estimate
         return None
+    per_rank, widest = size
+    return rank_problem(lora.r, per_rank, widest) or check_lora_memory(recipe, lora.r * per_rank)
+
+
+def _skeleton(path: str) -> nn.Module | None:
+    """The model of `path` on the meta device; None when it is not known without the hub."""
     if is_gguf_path(path):  # its converted folder (converted now if need be: training would)
         path = hf_path(path, what="model.path")
     file = None if path.startswith(BUILTIN_MODEL_PREFIX) else model_config_file(path)
-    skeleton = model_skeleton(path, file.parent if file is not None else None)
-    label = recipe.model.path
-    return None if skeleton is None else target_problem(skeleton, lora.target_modules, label)
+    return model_skeleton(path, file.parent if file is not None else None)
+
+
+def rank_problem(r: int, per_rank: int, widest: int) -> str | None:
+    """The line refusing a rank above every adapted layer's min(in, out): a rank-k update of a
+    layer has at most rank min(in, out), so the rest adds parameters and no expressiveness."""
+    if not widest or r <= widest:
+        return None
+    return (
+        f"model.lora.r: {r} is more than any adapted layer can use: an update of a layer has "
+        f"at most rank min(in, out), {widest} at most here, so r {r} only adds parameters "
+        f"({r * per_rank:,} instead of {widest * per_rank:,}); use r {widest} or less"
+    )
 
 
 def base_name(recipe: Recipe, run_dir: Path) -> str:
