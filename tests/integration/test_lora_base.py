@@ -107,3 +107,13 @@ def test_a_changed_local_base_folder_is_refused_by_eval_export_and_resume(tmp_pa
     assert not exported.exists()
     resumed = invoke_cli("train", str(recipe), "--out", str(run), "--resume")
     _one_line(resumed, *fragments)
+
+
+def test_the_loaded_model_is_checked_for_a_tied_target_too() -> None:
+    """A model whose modules are unknown at validate time (a hub id not cached yet)."""
+    from gspo_cli.errors import GspoError
+    from gspo_cli.models.lora import Adapters
+
+    model, _ = create_builtin("tiny-dense", seed=0)
+    with pytest.raises(GspoError, match="lm_head of the model shares its weight with"):
+        Adapters.add(model, r=2, alpha=4, dropout=0.0, targets=["lm_head"])
