@@ -14,6 +14,7 @@ that lives as long as they do (the main thread, in gspo).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -52,6 +53,28 @@ def pool_worker_init(parent_pid: int) -> None:
     die_with_parent(parent_pid)
 
 
+def kill_group_when_gone() -> None:
+    """Fork a watchdog that SIGKILLs this process's whole group (itself included) once this
+    process has ended, however it ended: SIGKILLed with the trainer, killed after a timeout, or
+    at a clean exit. What a user's code started (a `sleep`, a server) stays in the group, unless
+    it left it (`setsid`), and is re-parented to init when its parent dies: only a process
+    outside it can still end it. Call it in a process that leads its group (`os.setpgid(0, 0)`),
+    from the thread that lives as long as the process (the watchdog's "parent", as above)."""
+    leader = os.getpid()
+    if os.fork() != 0:
+        return
+    try:  # the watchdog: wait for the leader's end, then end the group
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # kept for sigwait
+        libc = ctypes.CDLL(None, use_errno=True)
+        zero = ctypes.c_ulong(0)
+        libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGUSR1), zero, zero, zero)
+        if os.getppid() == leader:  # else gone already, between fork and prctl
+            signal.sigwait({signal.SIGUSR1})
+        os.killpg(0, signal.SIGKILL)
+    finally:
+        os._exit(0)  # never back into the caller's code
+
+
 def die_with_parent_argv() -> list[str]:
     """An argv prefix that makes an exec'd child die with the calling thread (util-linux
     `setpriv --pdeathsig`, which survives exec); [] where setpriv is missing."""
@@ -59,9 +82,23 @@ def die_with_parent_argv() -> list[str]:
     return [] if setpriv is None else [setpriv, "--pdeathsig", "KILL", "--"]
 
 
-def kill_pool(pool: ProcessPoolExecutor) -> None:
-    """End a pool now, busy workers included: a hung task ignores `shutdown`, so its worker is
-    killed first (the pool's own `_processes`; no public handle exists)."""
+def pool_pids(pool: ProcessPoolExecutor) -> list[int]:
+    """The pool's worker processes (its own `_processes`; no public handle exists)."""
+    return list((getattr(pool, "_processes", None) or {}).keys())
+
+
+def kill_groups(pids: list[int]) -> None:
+    """SIGKILL the process groups these processes lead (`pool_worker_init` made each one)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # gone already
+            os.killpg(pid, signal.SIGKILL)
+
+
+def kill_pool(pool: ProcessPoolExecutor, groups: bool = False) -> None:
+    """End a pool now, busy workers included (with `groups`, their process groups too): a hung
+    task ignores `shutdown`, so its worker is killed first."""
+    if groups:
+        kill_groups(pool_pids(pool))
     for proc in list((getattr(pool, "_processes", None) or {}).values()):
         proc.kill()
     pool.shutdown(wait=False, cancel_futures=True)

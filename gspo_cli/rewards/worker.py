@@ -6,7 +6,9 @@ spawned: spawn re-imports the caller's __main__) at the first call and kept, so 
 module state lives on between calls, in the worker. The functions reach the worker through
 fork's copy of memory: only completions, columns and scores are pickled, so a lambda or a
 closure is a fine reward. The worker dies with the trainer and leaves Ctrl-C to it
-(gspo_cli/workers.py); it runs functions in its main thread, so Math-Verify's signal-based
+(gspo_cli/workers.py); it leads a process group, which holds what the functions start (a
+`sleep`, a server) and is killed with it: after a timeout, at the run's end, and by a watchdog
+when the trainer is SIGKILLed; it runs functions in its main thread, so Math-Verify's signal-based
 timeouts work inside a user's reward.
 """
 
@@ -23,7 +25,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gspo_cli.rewards.contract import RewardFailure, RewardTimeout, describe_exception
-from gspo_cli.workers import kill_pool, pool_worker_init
+from gspo_cli.workers import (
+    kill_group_when_gone,
+    kill_groups,
+    kill_pool,
+    pool_pids,
+    pool_worker_init,
+)
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,7 @@ class _Raised:
 def _init(parent_pid: int, functions: Sequence[WorkerFunction]) -> None:
     global _FUNCTIONS
     pool_worker_init(parent_pid)
+    kill_group_when_gone()  # what a reward starts dies with the worker, even a SIGKILLed one
     _FUNCTIONS = functions
     torch = sys.modules.get("torch")
     if torch is not None:  # OpenMP thread pools do not survive fork: keep torch on one thread
@@ -100,10 +109,12 @@ class RewardWorker:
 
     def _kill(self) -> None:
         if self._pool is not None:
-            kill_pool(self._pool)  # a hung call ignores shutdown
+            kill_pool(self._pool, groups=True)  # a hung call ignores shutdown
             self._pool = None
 
     def close(self) -> None:
         if self._pool is not None:
+            pids = pool_pids(self._pool)
             self._pool.shutdown(wait=True, cancel_futures=True)
+            kill_groups(pids)  # what the functions started and left running
             self._pool = None
