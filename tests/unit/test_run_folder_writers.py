@@ -15,6 +15,9 @@ from gspo_cli.errors import GspoError
 from gspo_cli.run_folder import one_writer, write_text_atomic
 from tests.helpers import lock_holder
 
+# The container stage of CI runs these too: file modes, locks and the non-root user.
+pytestmark = pytest.mark.container
+
 
 def test_a_second_writer_is_refused_naming_the_holder(tmp_path: Path) -> None:
     folder = tmp_path / "run"

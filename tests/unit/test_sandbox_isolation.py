@@ -21,6 +21,9 @@ from gspo_cli.rewards.code import JudgePool, judge_completions, judge_program, r
 from gspo_cli.rewards.code import isolation as iso
 from gspo_cli.rewards.code.sandbox import MARKER_PREFIX, Limits, run_prefix
 
+# The container stage of CI runs these too: the sandbox's isolation depends on where it runs.
+pytestmark = pytest.mark.container
+
 MODES = iso.available_modes()
 FAST = Limits(time_limit_s=0.5, output_limit_bytes=1 << 20)
 GOOD = "print(int(input()) * 2)"

@@ -20,6 +20,9 @@ from gspo_cli.rewards.code import isolation as iso
 from gspo_cli.rewards.code.cgroups import layout
 from gspo_cli.rewards.code.sandbox import MARKER_PREFIX, Limits, run_prefix
 
+# The container stage of CI runs these too: cgroups and rlimits differ inside a container.
+pytestmark = pytest.mark.container
+
 MODES = iso.available_modes()
 CGROUP = layout()
 OURS = MARKER_PREFIX + run_prefix()  # another process's sandboxes are not ours to check

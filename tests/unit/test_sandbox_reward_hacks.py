@@ -14,6 +14,9 @@ from gspo_cli.rewards.code import code_reward, judge_program
 from gspo_cli.rewards.code import isolation as iso
 from gspo_cli.rewards.code.sandbox import Limits
 
+# The container stage of CI runs these too: the judge's defences under its isolation.
+pytestmark = pytest.mark.container
+
 MODES = iso.available_modes()
 FAST = Limits(time_limit_s=2.0)
 RIGHT = "class Solution:\n    def add(self, a: int, b: int) -> int:\n        return a + b\n"

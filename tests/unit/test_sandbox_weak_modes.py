@@ -20,6 +20,9 @@ from gspo_cli.rewards.code.isolation import WeakIsolationError
 from gspo_cli.rewards.code.sandbox import Limits
 from gspo_cli.train.step.rewards import RewardModel
 
+# The container stage of CI runs these too: which weak modes work depends on the container.
+pytestmark = pytest.mark.container
+
 WEAK = [m for m in iso.available_modes() if m != "bwrap"]
 FAST = Limits(time_limit_s=2.0)
 TESTS = {"inputs": [""], "outputs": ["escaped"]}

@@ -17,6 +17,9 @@ from gspo_cli.rewards.code.isolation import available_modes
 from gspo_cli.rewards.code.sandbox import MARKER_PREFIX
 from tests.helpers import REPO, interruptible
 
+# The container stage of CI runs these too: process death signals in its PID namespace.
+pytestmark = pytest.mark.container
+
 
 def _parents() -> dict[int, int]:
     """pid -> parent pid of every live (not zombie) process."""
