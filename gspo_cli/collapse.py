@@ -25,7 +25,10 @@ in step 1.
   algorithm) leaves [1 / RATIO_LIMIT, RATIO_LIMIT] on RATIO_POINTS consecutive steps. After a
   few minibatch updates s_i stays within a percent of 1 in a healthy run; a factor of 2 means
   the policy moved far within one rollout batch.
-- held-out drop: held-out accuracy < HELDOUT_KEEP x the run's best and HELDOUT_DROP below it.
+- held-out drop: held-out accuracy < HELDOUT_KEEP x the run's best, HELDOUT_DROP below it, and
+  below it at level HELDOUT_ALPHA by a one-sided test that knows the evaluation's size
+  (`heldout_drop_p`). With 8 problems, one problem solved and then not (12.5% -> 0%) is noise
+  (p = 0.5); with 200 problems, 50% -> 20% is not (p < 1e-9).
 """
 
 from __future__ import annotations
@@ -43,6 +46,42 @@ ENTROPY_FLOOR = 0.1
 REWARD_KEEP, REWARD_DROP, CRASH_POINTS = 0.5, 0.15, 3
 RATIO_LIMIT, RATIO_POINTS = 2.0, 2
 HELDOUT_KEEP, HELDOUT_DROP = 0.5, 0.1
+HELDOUT_ALPHA = 0.01  # one-sided level at which a held-out drop is more than evaluation noise
+
+
+@dataclass(frozen=True)
+class HeldoutSize:
+    """How big each held-out evaluation is: what its accuracy's noise depends on."""
+
+    problems: int
+    samples: int  # per problem
+
+
+def heldout_drop_p(best: float, current: float, problems: int) -> float:
+    """One-sided p-value of "the policy got worse" from accuracy `best` to `current`, each the
+    mean of per-problem accuracies over the same `problems` problems: Fisher's exact test on
+    problem counts. Samples of one problem are correlated (an easy problem is solved by all of
+    them), so the problems, not problems x samples, are the sample size; a per-problem score in
+    [0, 1] with mean p varies at most as much as a 0/1 one (p(1 - p)), so counting problems as
+    0/1 outcomes overstates the noise. Fractional counts (avg@k) round toward each other.
+    Also conservative: pairing (the same problems both times) and Fisher's conditioning are
+    ignored, and `best` is the best of several evaluations."""
+    n = problems
+    high = math.floor(best * n + 1e-9)
+    low = math.ceil(current * n - 1e-9)
+    if n <= 0 or high <= low:
+        return 1.0
+    total = high + low  # under H0, which of the 2n problem-evaluations they fell on is random
+
+    def log_comb(a: int, b: int) -> float:
+        return math.lgamma(a + 1) - math.lgamma(b + 1) - math.lgamma(a - b + 1)
+
+    denominator = log_comb(2 * n, total)
+    tail = (
+        math.exp(log_comb(n, x) + log_comb(n, total - x) - denominator)
+        for x in range(high, min(n, total) + 1)
+    )
+    return min(1.0, math.fsum(tail))
 
 
 @dataclass(frozen=True)
@@ -60,6 +99,7 @@ class CollapseDetector:
     recent_rewards: deque[float] = field(default_factory=lambda: deque(maxlen=CRASH_POINTS))
     ratio_streak: int = 0
     best_heldout: float | None = None
+    heldout_size: HeldoutSize | None = None  # None: no held-out judgement (noise unknown)
 
     def reset(self) -> None:
         """Forget everything (after a rollback the run restarts from an earlier state)."""
@@ -135,19 +175,30 @@ class CollapseDetector:
         return None
 
     def observe_heldout(self, step: int, accuracy: float) -> CollapseEvent | None:
-        best = self.best_heldout
+        best, size = self.best_heldout, self.heldout_size
         self.best_heldout = accuracy if best is None else max(best, accuracy)
-        if best is not None and accuracy < HELDOUT_KEEP * best and best - accuracy >= HELDOUT_DROP:
-            detail = f"held-out accuracy {accuracy:.1%} after a best of {best:.1%}"
-            return CollapseEvent(step, "heldout_drop", detail)
-        return None
+        if best is None or size is None:
+            return None
+        if accuracy >= HELDOUT_KEEP * best or best - accuracy < HELDOUT_DROP:
+            return None
+        p = heldout_drop_p(best, accuracy, size.problems)
+        if p >= HELDOUT_ALPHA:
+            return None  # as large as the evaluation's own noise
+        detail = (
+            f"held-out accuracy {accuracy:.1%} after a best of {best:.1%} ({size.problems} "
+            f"problems x {size.samples} samples; one-sided p = {p:.2g} < {HELDOUT_ALPHA:g})"
+        )
+        return CollapseEvent(step, "heldout_drop", detail)
 
 
 def replay(
-    records: Iterable[Mapping[str, float]], heldout: Mapping[int, float] | None = None
+    records: Iterable[Mapping[str, float]],
+    heldout: Mapping[int, float] | None = None,
+    heldout_size: HeldoutSize | None = None,
 ) -> list[CollapseEvent]:
-    """Every event the detector raises over a finished run's per-step records, by step."""
-    detector = CollapseDetector()
+    """Every event the detector raises over a finished run's per-step records, by step
+    (held-out drops only when the evaluations' size is known)."""
+    detector = CollapseDetector(heldout_size=heldout_size)
     events: list[CollapseEvent] = []
     evals = dict(heldout or {})
     if 0 in evals:  # the evaluation before any step: the first reference

@@ -18,6 +18,7 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
+from gspo_cli.collapse import HeldoutSize
 from gspo_cli.compare.results import EvalResult, read_results
 from gspo_cli.run_folder import EVALS, EVENTS, METRICS, RECIPE, SUMMARY, iter_jsonl
 
@@ -54,6 +55,7 @@ class Run:
     heldout: list[tuple[int, float]] = field(default_factory=list)
     results: list[EvalResult] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # what the trainer's guards did
+    heldout_size: HeldoutSize | None = None  # eval.jsonl's problems x samples, when logged
 
     def setting(self, dotted: str) -> Any:
         """A recipe value such as `algorithm.name`, or None when the recipe lacks it."""
@@ -150,7 +152,10 @@ def _read_recipe(run_dir: Path, problems: Problems) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _read_heldout(run_dir: Path, records: list[dict[str, float]], problems: Problems) -> Any:
+Records = list[dict[str, float]]
+
+
+def _read_heldout(run_dir: Path, records: Records, evals: Records, problems: Problems) -> Any:
     """Held-out accuracy by step: summary.json, then metrics, then eval.jsonl (later wins)."""
     by_step: dict[int, float] = {}
     try:
@@ -165,11 +170,21 @@ def _read_heldout(run_dir: Path, records: list[dict[str, float]], problems: Prob
     for record in records:
         if "heldout_accuracy" in record:
             by_step[int(record["step"])] = record["heldout_accuracy"]
-    if (run_dir / EVALS).is_file():
-        for record in read_records(run_dir / EVALS, problems):
-            if "accuracy" in record:
-                by_step[int(record["step"])] = record["accuracy"]
+    for record in evals:
+        if "accuracy" in record:
+            by_step[int(record["step"])] = record["accuracy"]
     return sorted(by_step.items())
+
+
+def _heldout_size(evals: list[dict[str, float]]) -> HeldoutSize | None:
+    """The size of the run's held-out evaluations (eval.jsonl's last record that names it),
+    which the collapse detector weighs a drop against; None for runs that did not log it."""
+    size = None
+    for record in evals:
+        n, k = to_number(record.get("num_problems")), to_number(record.get("samples"))
+        if n is not None and k is not None and n >= 1 and k >= 1:
+            size = HeldoutSize(int(n), int(k))
+    return size
 
 
 def _not_a_run(path: Path, problems: Problems) -> None:
@@ -201,10 +216,12 @@ def load_run(path: Path, problems: Problems) -> Run | None:
         problems.error(path / METRICS, "no valid record; skipped")
         return None
     recipe = _read_recipe(path, problems)
-    heldout = _read_heldout(path, records, problems)
+    evals = read_records(path / EVALS, problems) if (path / EVALS).is_file() else []
+    heldout = _read_heldout(path, records, evals, problems)
     events = [e for _, e in iter_jsonl(path / EVENTS) if e] if (path / EVENTS).is_file() else []
     results = read_results(path, problems.warning)
-    return Run(path, path.name, recipe, records, heldout, results, events)
+    size = _heldout_size(evals)
+    return Run(path, path.name, recipe, records, heldout, results, events, size)
 
 
 def load_runs(

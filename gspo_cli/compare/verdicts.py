@@ -127,7 +127,7 @@ def entropy_collapse(run: Run) -> Issue | None:
 def detector_issues(run: Run) -> list[Issue]:
     """The trainer's collapse detector replayed, plus the events the trainer recorded."""
     found = [Issue(e.signal, e.step, f"{e.signal.replace('_', ' ')} at step {e.step} ({e.detail})")
-             for e in replay(run.records, dict(run.heldout))]  # fmt: skip
+             for e in replay(run.records, dict(run.heldout), run.heldout_size)]  # fmt: skip
     for event in run.events:
         step = int(event.get("step", 0))
         action = str(event.get("action", "event"))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
-from gspo_cli.collapse import CollapseDetector, replay
+from gspo_cli.collapse import CollapseDetector, HeldoutSize, replay
 from gspo_cli.train.run.guard import Guard
+
+SIZE = HeldoutSize(problems=100, samples=4)  # held-out evaluations
 
 
 def _healthy(step: int) -> dict[str, float]:
@@ -22,7 +24,7 @@ def _healthy(step: int) -> dict[str, float]:
 
 
 def test_a_healthy_noisy_run_raises_nothing() -> None:
-    assert replay([_healthy(s) for s in range(1, 101)], {0: 0.3, 50: 0.4, 100: 0.45}) == []
+    assert replay([_healthy(s) for s in range(1, 101)], {0: 0.3, 50: 0.4, 100: 0.45}, SIZE) == []
 
 
 def test_an_update_that_wrecks_the_policy_is_caught_in_its_own_step() -> None:
@@ -40,7 +42,7 @@ def test_each_signal_fires() -> None:
     wild = [{**r, "seq_ratio_min": 0.2, "seq_ratio_max": 7.0} for r in rows[10:]]
     events = replay(rows[:10] + wild)
     assert [(e.signal, e.step) for e in events][:1] == [("ratio_blowup", 12)]  # 2 steps in a row
-    held = replay(rows, {0: 0.5, 10: 0.6, 20: 0.1})
+    held = replay(rows, {0: 0.5, 10: 0.6, 20: 0.1}, SIZE)
     assert [(e.signal, e.step) for e in held] == [("heldout_drop", 20)]
 
 

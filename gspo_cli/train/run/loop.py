@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from gspo_cli.collapse import CollapseDetector, HeldoutSize
 from gspo_cli.errors import GspoError
 from gspo_cli.models.loading import convert_first
 from gspo_cli.recipe.schema import Recipe
@@ -45,7 +46,7 @@ from gspo_cli.train.run.checkpoint import (
 from gspo_cli.train.run.cold_start import load_recipe_model, run_cold_start
 from gspo_cli.train.run.console import TrainingDisplay
 from gspo_cli.train.run.folder import prepare_run_dir
-from gspo_cli.train.run.guard import Decision, Guard, resume_advice, rollback_target
+from gspo_cli.train.run.guard import Decision, Guard, Remedy, resume_advice, rollback_target
 from gspo_cli.train.run.heldout import heldout_accuracy
 from gspo_cli.train.run.log import RunLog
 from gspo_cli.train.run.prepare import PreparedRun, prepare_run
@@ -123,6 +124,11 @@ def run_loop(run: PreparedRun) -> TrainResult:
         trainer.on_collapse,
         trainer.max_rollbacks,
         rollbacks=run.state.rollbacks,
+        entropy_coef=recipe.algorithm.entropy_coef,
+        kl_coef=recipe.algorithm.kl_coef,
+        detector=CollapseDetector(
+            heldout_size=HeldoutSize(len(run.eval_problems), eval_params(recipe).num_samples)
+        ),
     )
     if 0 in result.heldout:
         guard.detector.observe_heldout(0, result.heldout[0])
@@ -263,12 +269,13 @@ def _act(run: PreparedRun, step: int, decision: Decision, result: TrainResult, d
         roll_back_to(root, good, run.ctx)
     if run.ctx.is_main:
         _finish(run.console, run.run_dir, result, run.log.events(), quiet=True)
-    raise GspoError(f"stopped at step {step}: {reason}. {_stop_advice(run, step, good)}")
+    advice = _stop_advice(run, step, good, decision.remedy)
+    raise GspoError(f"stopped at step {step}: {reason}. {advice}")
 
 
-def _stop_advice(run: PreparedRun, step: int, good: Path | None) -> str:
-    """Where a resume starts and the command that resumes at a lower learning rate (below
-    the one that failed, rollbacks included)."""
+def _stop_advice(run: PreparedRun, step: int, good: Path | None, remedy: Remedy | None) -> str:
+    """Where a resume starts, the cause the guard measured, and the command that resumes with
+    its remedy: e.g. a lower learning rate (below the one that failed, rollbacks included)."""
     root = run.run_dir / CHECKPOINTS
     if good is not None:
         where = f"A resume starts from {good} (before the trouble)"
@@ -280,8 +287,9 @@ def _stop_advice(run: PreparedRun, step: int, good: Path | None) -> str:
     else:
         where = "There is no checkpoint yet: a resume starts from step 0"
     lr = run.recipe.optimizer.lr * run.state.lr_scale * run.recipe.trainer.rollback_lr_factor
-    command = resume_advice(run.run_dir, lr, run.ctx.world, sys.argv[1:])
-    return f"{where}; resume with: {command}"
+    command = resume_advice(run.run_dir, lr, run.ctx.world, sys.argv[1:], remedy)
+    why = "" if remedy is None else f"; {remedy.why}"
+    return f"{where}{why}; resume with: {command}"
 
 
 def _restore(run: PreparedRun, folder: Path, result: TrainResult) -> int:

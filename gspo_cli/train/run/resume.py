@@ -35,6 +35,9 @@ RESUMABLE_CHANGES = (
     "trainer.max_bad_updates", "trainer.on_collapse", "trainer.rollback_lr_factor",
     "trainer.max_rollbacks", "eval.every", "logging.", "rollout.max_staleness",
     "rollout.worker_threads", "rollout.worker_timeout_s",
+    # the guard's advice may change these (train/run/guard.py Remedy); no checkpoint state
+    # depends on them (a reference the checkpoint lacks is refused by restore_reference)
+    "algorithm.entropy_coef", "algorithm.kl_coef",
 )  # fmt: skip
 
 # What the cold start was made from: a run that keeps its cold start must not change these.
@@ -87,7 +90,8 @@ def check_resumable(run_dir: Path, recipe_yaml: str) -> None:
             raise GspoError(
                 f"--resume: {', '.join(refused)} differ from {saved}, and the checkpoint was "
                 "made with them (a resume may change the learning rate and its schedule, "
-                "checkpointing, logging, eval.every, trainer.steps and the guard settings)"
+                "checkpointing, logging, eval.every, trainer.steps, the guard settings, "
+                "algorithm.entropy_coef and algorithm.kl_coef)"
             )
     elif (run_dir / COLD_START / HF_CONFIG).is_file():
         stale = sorted(k for k in changed if _matches(k, COLD_START_INPUTS))
