@@ -18,7 +18,7 @@ from pathlib import Path
 from gspo_cli.errors import GspoError
 from gspo_cli.eval.checkpoints import resolve_checkpoint, run_dtype
 from gspo_cli.models import load_policy
-from gspo_cli.models.loading import convert_first
+from gspo_cli.models.loading import convert_first, quiet_deepspeed_on_cpu
 from gspo_cli.models.lora import is_adapter_folder
 from gspo_cli.run_folder import remove_partial, staging
 
@@ -53,6 +53,7 @@ def export_checkpoint(name: str, out: Path) -> Path:
 
 def _write_merged(source: Path, folder: Path) -> None:
     model, tokenizer = load_policy(str(source), dtype=run_dtype(source), what="export")
+    quiet_deepspeed_on_cpu(model.device)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -39,6 +40,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # One HEAD to the hub before a download. Unreachable, huggingface_hub retries each file's lookup
 # five times with backoff: about 50 s of silence before "couldn't connect".
 HUB_PROBE_TIMEOUT_S = 5.0
+
+
+def quiet_deepspeed_on_cpu(device: torch.device) -> None:
+    """Before a save of a model held on CPU: save_pretrained imports DeepSpeed (accelerate's
+    unwrap looks for its engine), which without a GPU probes for one and warns "Setting
+    accelerator to CPU ... unable to detect it". Told the accelerator, it says nothing."""
+    if device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def disable_dropout(model: PreTrainedModel) -> PreTrainedModel:

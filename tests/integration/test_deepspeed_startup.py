@@ -73,3 +73,37 @@ def test_the_first_build_of_the_shm_op_is_announced(tmp_path: Path) -> None:
         f"{tmp_path / 'deepspeed_shm_comm'}: once per machine, a minute or two"
     )
     assert lines[-1] == "None"
+
+
+ADAPTERS = """
+import json, sys
+from pathlib import Path
+from peft import LoraConfig, get_peft_model
+from gspo_cli.models import load_policy
+root = Path(sys.argv[1])
+model, tokenizer = load_policy("builtin:tiny-dense")
+model.save_pretrained(root / "base")
+peft = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+peft.save_pretrained(root / "adapters")
+tokenizer.save_pretrained(root / "adapters")
+config = root / "adapters" / "adapter_config.json"
+fields = {**json.loads(config.read_text()), "base_model_name_or_path": str(root / "base")}
+config.write_text(json.dumps(fields))
+"""
+
+
+def test_export_of_a_lora_checkpoint_on_cpu_does_not_warn(tmp_path: Path) -> None:
+    """The merge saves with save_pretrained, which imports DeepSpeed: it used to probe for a
+    GPU and print "Setting accelerator to CPU" on every `gspo export`."""
+    inherited = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    subprocess.run(  # the checkpoint: adapters on the built-in model, and their base
+        [sys.executable, "-c", ADAPTERS, str(tmp_path)], env=inherited, check=True, timeout=300
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "gspo_cli.cli", "export", str(tmp_path / "adapters"),
+         str(tmp_path / "out")],
+        capture_output=True, text=True, cwd=REPO, env=inherited, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    assert "accelerator" not in result.stdout + result.stderr, result.stderr

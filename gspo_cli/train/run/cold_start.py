@@ -11,6 +11,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gspo_cli.errors import GspoError
 from gspo_cli.models import load_policy
+from gspo_cli.models.loading import quiet_deepspeed_on_cpu
 from gspo_cli.recipe.bounds import length_problems, shape_from_config
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.run_folder import COLD_START, HF_CONFIG, save_hf_folder
@@ -61,6 +62,7 @@ def run_cold_start(
             recipe.trainer.seed,
             on_step=lambda step, loss: progress.update(step, f"loss {loss:.3f}"),
         )
+    quiet_deepspeed_on_cpu(model.device)  # `gspo sft` on CPU: prepare_run never ran
     save_hf_folder(model, tokenizer, run_dir, COLD_START, "the cold start")
     display.print(
         f"cold start done in {time.perf_counter() - t0:.0f}s, final loss {losses[-1]:.3f}"
