@@ -58,8 +58,14 @@ def _summary(recipe: Recipe) -> str:
         f"{recipe.name}: {algo.name} ({limits}, "
         f"{algo.loss_agg}), model {recipe.model.path}, data {recipe.data.source}, "
         f"{recipe.trainer.steps} steps x {rollout.num_prompts} prompts x {rollout.group_size} "
-        f"samples, {algo.minibatches} minibatches"
+        f"samples, {algo.minibatches} minibatches, {_reward_limit(recipe)}"
     )
+
+
+def _reward_limit(recipe: Recipe) -> str:
+    """reward.timeout_s is per completion: what that makes for a step, said once at start."""
+    per, n = recipe.reward.timeout_s, recipe.rollout.num_prompts * recipe.rollout.group_size
+    return f"reward limit {per:g} s per completion ({per * n:g} s for a step's {n})"
 
 
 @app.command()

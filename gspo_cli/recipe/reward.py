@@ -58,8 +58,9 @@ class RewardConfig(Section):
     timeout_s: float = Field(
         5.0,
         gt=0,
-        description="Seconds per completion: each maths check; a call of your own function on N "
-        "completions gets N x this.",
+        description="Seconds per completion (not per call or step): each maths check; a call "
+        "of your own function on N completions gets N x this, and says every 30 s that it is "
+        "still running.",
     )
     sandbox: SandboxConfig = Field(
         default_factory=SandboxConfig, description="The code sandbox's isolation policy."

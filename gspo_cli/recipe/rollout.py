@@ -9,6 +9,9 @@ from pydantic import Field, field_validator, model_validator
 
 from gspo_cli.recipe.section import Section, registered
 
+# A step's rounds are bounded: past this many, a filter that keeps nothing is the problem.
+MAX_DYNAMIC_SAMPLING_ROUNDS = 1000
+
 
 class VLLMConfig(Section):
     memory_utilization: float | None = Field(
@@ -71,8 +74,10 @@ class RolloutConfig(Section):
     dynamic_sampling_max_rounds: int = Field(
         10,
         ge=1,
-        description="Dynamic sampling: most rounds of num_prompts prompts per step; then the "
-        "step trains on the groups kept so far and says so.",
+        le=MAX_DYNAMIC_SAMPLING_ROUNDS,
+        description="Dynamic sampling: most rounds of num_prompts prompts per step (1 to "
+        f"{MAX_DYNAMIC_SAMPLING_ROUNDS}); then the step trains on the groups kept so far and says "
+        "so, or, having kept none, ends the run.",
     )
 
     max_staleness: int = Field(

@@ -17,8 +17,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ class WorkerFunction:
     fn: Callable[..., Any]
     home: str | None  # the function's source file, to point an error at its own line
 
+
+HEARTBEAT_S = 30.0  # a call still running says so this often: no silent waits
 
 _FUNCTIONS: Sequence[WorkerFunction] = ()  # in the worker: what it was forked with
 
@@ -71,6 +74,24 @@ def _run(index: int, args: list[Any], kwargs: dict[str, Any]) -> Any:
     return _Raised(f"returned a {type(result).__name__}, not a list of scores")
 
 
+def _wait(
+    future: Future[Any], timeout_s: float, still_running: Callable[[float], None] | None
+) -> Any:
+    """The call's result, saying every HEARTBEAT_S that it still runs; FutureTimeout past
+    `timeout_s`."""
+    started = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - started
+        if elapsed >= timeout_s:
+            raise FutureTimeout
+        try:
+            return future.result(timeout=min(timeout_s - elapsed, HEARTBEAT_S))
+        except FutureTimeout:
+            elapsed = time.monotonic() - started
+            if elapsed < timeout_s and still_running is not None:
+                still_running(elapsed)
+
+
 class RewardWorker:
     """One process that calls `functions[index]` with a deadline (`call`)."""
 
@@ -78,8 +99,16 @@ class RewardWorker:
         self.functions = tuple(functions)
         self._pool: ProcessPoolExecutor | None = None
 
-    def call(self, index: int, args: list[Any], kwargs: dict[str, Any], timeout_s: float) -> Any:
-        """What `functions[index]` returned, or RewardFailure (it raised, hung or died)."""
+    def call(
+        self,
+        index: int,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        timeout_s: float,
+        still_running: Callable[[float], None] | None = None,
+    ) -> Any:
+        """What `functions[index]` returned, or RewardFailure (it raised, hung or died);
+        `still_running(seconds)` every HEARTBEAT_S while it runs."""
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
                 1,
@@ -88,7 +117,8 @@ class RewardWorker:
                 initargs=(os.getpid(), self.functions),  # fork: not pickled
             )
         try:
-            result = self._pool.submit(_run, index, args, kwargs).result(timeout=timeout_s)
+            future = self._pool.submit(_run, index, args, kwargs)
+            result = _wait(future, timeout_s, still_running)
         except FutureTimeout:
             self._kill()
             raise RewardTimeout(f"no result within {timeout_s:g}s") from None

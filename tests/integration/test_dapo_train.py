@@ -1,4 +1,4 @@
-"""`gspo train` with DAPO's options: metrics, the out-of-rounds notice, exact resume, and
+"""`gspo train` with DAPO's options: metrics, the rounds' lines and their limit, exact resume, and
 two processes equal to one."""
 
 from __future__ import annotations
@@ -48,21 +48,25 @@ def test_the_options_show_in_a_short_runs_metrics(tiny_recipe, tmp_path: Path) -
         assert record["overlong_penalty_mean"] <= 0
 
 
-def test_out_of_rounds_a_step_trains_on_what_it_has_and_says_so(
+def test_rounds_that_never_fill_the_batch_end_the_run_naming_the_limit(
     tiny_recipe, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
-    # weight 0: every reward is 0, no group is ever mixed
+    # weight 0: every reward is 0, no group is ever mixed; once nothing was kept in 3 rounds
+    # the run ends (it used to train on nothing, every step, in silence)
     recipe = tiny_recipe(
-        trainer={"steps": 1},
-        rollout={"dynamic_sampling": True, "dynamic_sampling_max_rounds": 2},
+        trainer={"steps": 2},
+        rollout={"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3},
         reward={"functions": [{"name": "math", "weight": 0}]},
     )
-    out = _train(recipe, tmp_path / "run")
-    assert "step 1: dynamic sampling kept 0 groups with mixed rewards after 2 rounds" in out
-    record = _metrics(tmp_path / "run")[1]
-    assert record["dynamic_sampling_short"] == 1.0 and record["dynamic_sampling_rounds"] == 2.0
-    assert record["dynamic_sampling_kept_groups"] == 0.0
-    assert record["grad_norm"] == 0.0  # nothing in the loss
+    result = run_cli("train", str(recipe), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2, (result.stdout + result.stderr)[-3000:]
+    errors = result.stderr.strip().splitlines()
+    assert len(errors) == 1, errors
+    assert "no group with mixed rewards in 3 rounds" in errors[0]
+    assert "rollout.dynamic_sampling_max_rounds" in errors[0]
+    assert "step 1: dynamic sampling: round 2/3, 0/4 groups" in result.stdout
+    assert "step 1: dynamic sampling: round 3/3, 0/4 groups" in result.stdout
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not _metrics(tmp_path / "run")
 
 
 def _same(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], steps: range) -> None:

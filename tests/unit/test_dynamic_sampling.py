@@ -4,12 +4,14 @@ and the batch's independence of the number of ranks (ranks simulated by threads)
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import torch
 
+from gspo_cli.errors import GspoError
 from gspo_cli.rollout import RolloutBatch, SamplingParams
 from gspo_cli.train.engines.distributed import LOCAL, DistContext
 from gspo_cli.train.step.dynamic_sampling import (
@@ -76,13 +78,16 @@ def _settings() -> StepSettings:
 
 
 def _collect(
-    uniform: set[int], max_rounds: int, ctx: DistContext = LOCAL
+    uniform: set[int],
+    max_rounds: int,
+    ctx: DistContext = LOCAL,
+    note: Callable[[str], None] | None = None,
 ) -> tuple[Collected, PromptSampler]:
     sampler = PromptSampler(ROWS, seed=0)
     problems = ([[k] for k in range(ROWS)], [{"id": k} for k in range(ROWS)])
     how = Sampling(Q, per_prompt_seeds=True, dynamic=True, max_rounds=max_rounds)
     collected = collect_step(
-        RowEngine(), SomeUniformReward(uniform), sampler, problems, _settings(), how, 11, ctx
+        RowEngine(), SomeUniformReward(uniform), sampler, problems, _settings(), how, 11, ctx, note
     )  # type: ignore[arg-type]
     return collected, sampler
 
@@ -141,6 +146,28 @@ def test_out_of_rounds_the_batch_is_filled_with_dropped_groups_out_of_the_loss()
     line = short_notice(3, metrics, 2)
     assert line is not None and "step 3" in line and "kept 2 groups" in line
     assert short_notice(3, {"dynamic_sampling_short": 0.0}, 2) is None
+
+
+def test_each_refill_round_prints_a_line() -> None:
+    lines: list[str] = []
+    _collect({1, 5, 3}, max_rounds=5, note=lines.append)  # full after round 2
+    assert lines == ["dynamic sampling: round 2/5, 4/4 groups with mixed rewards so far"]
+    lines.clear()
+    _collect({1, 5, 3, 9, 0, 8}, max_rounds=2, note=lines.append)  # short: 2 of 4
+    assert lines == ["dynamic sampling: round 2/2, 2/4 groups with mixed rewards so far"]
+
+
+def test_rounds_that_keep_no_group_end_the_run_naming_the_limit() -> None:
+    lines: list[str] = []
+    with pytest.raises(GspoError) as caught:
+        _collect(set(range(ROWS)), max_rounds=3, note=lines.append)  # every group uniform
+    message = str(caught.value)
+    assert "no group with mixed rewards in 3 rounds" in message
+    assert "rollout.dynamic_sampling_max_rounds" in message and "\n" not in message
+    assert [line.split(",")[0] for line in lines] == [
+        "dynamic sampling: round 2/3",
+        "dynamic sampling: round 3/3",
+    ]
 
 
 @dataclass(frozen=True)

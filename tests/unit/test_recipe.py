@@ -111,6 +111,10 @@ def test_base_loop_is_reported(tmp_path: Path) -> None:
             "rollout.dynamic_sampling_max_rounds: Input should be greater than or equal to 1",
         ),
         (
+            "rollout: {dynamic_sampling: true, dynamic_sampling_max_rounds: 1001}\n",
+            "rollout.dynamic_sampling_max_rounds: Input should be less than or equal to 1000",
+        ),
+        (
             "reward: {overlong_buffer: 64}\n",
             "reward.overlong_buffer (64) must be less than rollout.max_new_tokens (64)",
         ),

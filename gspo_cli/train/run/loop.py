@@ -195,6 +195,7 @@ def _one_step(run: PreparedRun, step: int) -> tuple[Any, dict[str, float]]:
             Sampling.of(recipe, ctx.world),
             seed,
             ctx,
+            note=lambda line: run.console.print(f"step {step}: {line}", highlight=False),
         )
     else:  # sampled by the worker while earlier steps trained
         batch, waited = run.rollouts.take(step)

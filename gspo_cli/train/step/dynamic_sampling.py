@@ -15,7 +15,10 @@ after `rollout.dynamic_sampling_max_rounds`. A group of one response is kept (ve
   Q groups (shapes, minibatches and the ranks' shares as usual) by filling it with the first
   dropped groups, marked out of the loss: loss mask 0, so they add nothing to the loss or to its
   normalisers (and, all-equal, their advantages are 0 anyway). The update is DAPO's objective
-  over the K kept groups. The loop prints a notice and `dynamic_sampling_short` is 1.
+  over the K kept groups. The loop prints a notice and `dynamic_sampling_short` is 1. With
+  K = 0 there is nothing to train on: the run ends with one line (as verl's recipe does), as a
+  constant reward would otherwise spend every step's rounds for nothing.
+- Every round after the first prints a line (round k, groups kept so far / needed).
 - Surplus mixed groups beyond Q are discarded, as the DAPO recipe does; every drawn prompt
   stays drawn: the sampler's position (checkpointed) accounts for all of them, so a resumed run
   draws what the uninterrupted one would.
@@ -23,12 +26,15 @@ after `rollout.dynamic_sampling_max_rounds`. A group of one response is kept (ve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from gspo_cli.algorithms.advantages import zero_signal_groups
+from gspo_cli.errors import GspoError
+from gspo_cli.recipe.rollout import MAX_DYNAMIC_SAMPLING_ROUNDS
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rollout.base import RolloutEngine
 from gspo_cli.train.engines.distributed import DistContext
@@ -105,14 +111,17 @@ def collect_step(
     how: Sampling,
     step_seed: int,
     ctx: DistContext,
+    note: Callable[[str], None] | None = None,
 ) -> Collected:
     """This rank's scored groups of a step, and the batch's data rows; `problems`: the training
-    set's (prompts, rows)."""
+    set's (prompts, rows). `note` gets a line per round after the first (no silent refills);
+    GspoError when the rounds kept no group at all."""
     prompts, rows = problems
     q = how.num_prompts
     q_local = q // ctx.world
     mine = range(ctx.rank * q_local, (ctx.rank + 1) * q_local)
     rounds: list[_Round] = []
+    kept = 0
     for number in range(how.max_rounds if how.dynamic else 1):
         index = sampler.next(q)  # the same on every rank
         seed = round_seed(step_seed, number)
@@ -137,9 +146,35 @@ def collect_step(
             sum(t[2] for _, t in gathered),
         )
         rounds.append(_Round(index, scored, mixed, totals))
-        if sum(sum(r.mixed) for r in rounds) >= q:
+        kept = sum(sum(r.mixed) for r in rounds)
+        if number > 0 and note is not None:
+            note(round_line(number + 1, how.max_rounds, kept, q))
+        if kept >= q:
             break
+    if kept == 0:  # the same on every rank: the flags were gathered
+        raise GspoError(nothing_kept(len(rounds), q))
     return _assemble(rounds, q, ctx)
+
+
+def round_line(number: int, max_rounds: int, kept: int, q: int) -> str:
+    """The console line of a refill round (`number` from 1; the first is not a refill)."""
+    return (
+        f"dynamic sampling: round {number}/{max_rounds}, {min(kept, q)}/{q} groups with mixed "
+        "rewards so far"
+    )
+
+
+def nothing_kept(rounds: int, q: int) -> str:
+    """The error of a step whose rounds found no group with mixed rewards: it has nothing to
+    train on, and a run where this happens most likely has a reward that cannot tell its
+    completions apart."""
+    return (
+        f"dynamic sampling found no group with mixed rewards in {rounds} rounds of {q} prompts "
+        f"(rollout.dynamic_sampling_max_rounds {rounds}): every group's rewards were equal, so "
+        "the step has nothing to train on. Check that the reward tells completions apart "
+        "(a constant reward, or prompts all too easy or too hard for the model), or raise "
+        f"rollout.dynamic_sampling_max_rounds (at most {MAX_DYNAMIC_SAMPLING_ROUNDS})"
+    )
 
 
 def _assemble(rounds: list[_Round], q: int, ctx: DistContext) -> Collected:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 from collections import Counter
 from typing import Any, NamedTuple
 
@@ -113,8 +114,18 @@ class RewardModel:
         reward = self.functions[i]
         if i in self._slot:
             deadline = self.timeout_s * max(1, n)
+
+            def still_running(elapsed: float) -> None:  # a long call is never silent
+                print(
+                    f"reward {self.labels[i]}: still running after {elapsed:.0f} s (limit "
+                    f"{self.timeout_s:g} s per completion, {deadline:g} s for this call's {n} "
+                    "completions)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
             try:
-                return self._worker.call(self._slot[i], args, kwargs, deadline)
+                return self._worker.call(self._slot[i], args, kwargs, deadline, still_running)
             except RewardTimeout as exc:
                 raise RewardFailure(
                     f"{exc} (reward.timeout_s {self.timeout_s:g}s x {n} completions); "
