@@ -189,9 +189,8 @@ def main() -> int:
         for check in checks:
             rows.append(run_check(check, args.steps, root, args.timeout_s))
             print(f"{check.name}: {rows[-1]['result']}", flush=True)
-    text = f"{top}\n\n{table(rows)}\n"
-    print(text)
-    args.out.write_text(text)
+            args.out.write_text(f"{top}\n\n{table(rows)}\n")  # after each: a kill keeps it
+    print(args.out.read_text())
     return 0 if all(not r["result"].startswith("FAILED") for r in rows) else 1
 
 
