@@ -120,7 +120,10 @@ def train(
 
         check_resumed_base(resolved, run_dir)  # before the target check converts the file
     _check_lora(recipe, resolved)
-    console.print(f"[bold]gspo train[/bold] {_summary(resolved)}", highlight=False)
+    from gspo_cli.train.engines.launch import says_summary
+
+    if says_summary():  # once: not again in each rank that --nproc starts
+        console.print(f"[bold]gspo train[/bold] {_summary(resolved)}", highlight=False)
     with _stop_line(lambda: stop_message(run_dir, sys.argv[1:])), _writer(run_dir, "gspo train"):
         from gspo_cli.train.engines.launch import launch, rank_dies_with_launcher, under_launcher
         from gspo_cli.train.run.loop import train as run_training

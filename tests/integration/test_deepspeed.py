@@ -175,3 +175,19 @@ def test_async_rollouts_two_processes_zero3_reproduce_one_process(
     assert any(a[s]["grad_norm"] > 0 for s in a), "no gradient signal: the test would be vacuous"
     assert [b[s]["rollout_staleness"] for s in b] == [0, 1, 1, 1]
     _same(a, b, range(1, STEPS + 1))
+
+
+def test_nproc_prints_the_recipe_summary_once(tmp_path: Path) -> None:
+    """The launching process says what runs; its ranks used to say it again, one line each."""
+    recipe = write_recipe(
+        tmp_path,
+        {
+            "trainer": {"steps": 1, "engine": "deepspeed", "out_dir": str(tmp_path / "runs")},
+            "deepspeed": {"zero_stage": 0},
+            "algorithm": {"minibatches": 1},
+            "eval": {"num_problems": 2, "samples": 1},
+        },
+    )
+    result = run_cli("train", str(recipe), "--out", str(tmp_path / "run"), "--nproc", "2")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert result.stdout.count("gspo train run: ") == 1, result.stdout

@@ -27,9 +27,21 @@ from gspo_cli.workers import die_with_parent, die_with_parent_argv
 SAVE_ALLOWANCE_S = 300
 
 
+SAID_BY_LAUNCHER = "GSPO_SUMMARY_SAID"  # env of the ranks `launch` starts: the summary is out
+
+
 def under_launcher() -> bool:
     """True inside a process started by torchrun or the DeepSpeed launcher."""
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def says_summary() -> bool:
+    """Whether this process prints the recipe summary: once per run, so not a rank that
+    `gspo train --nproc` started (that process printed it), and under a launcher started by
+    hand, rank 0 alone."""
+    if not under_launcher():
+        return True
+    return SAID_BY_LAUNCHER not in os.environ and os.environ.get("RANK", "0") == "0"
 
 
 def rank_dies_with_launcher() -> None:
@@ -54,6 +66,7 @@ def launch(
     args += [item for o in overrides for item in ("--set", o)]
     args += ["--resume"] if resume else []
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env[SAID_BY_LAUNCHER] = "1"
     if hostfile is not None:
         if not hostfile.is_file():
             raise GspoError(f"--hostfile: file not found: {hostfile}")
