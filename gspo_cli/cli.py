@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 import yaml
 from rich.console import Console
+from rich.text import Text
 
 from gspo_cli.engines import TRAIN_ENGINES, multi_process_engines
 from gspo_cli.errors import GspoError, Stopped
 from gspo_cli.recipe import Recipe, RecipeError, load_recipe
 from gspo_cli.registry import UnknownNameError
-from gspo_cli.run_folder import COLD_START, HF_CONFIG, one_writer, run_dir_of, write_error
+from gspo_cli.run_folder import COLD_START, HF_CONFIG, run_dir_of, write_error
 from gspo_cli.train.run.signals import (
     INTERRUPT_EXIT,
     eval_stop_message,
@@ -37,8 +38,10 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+# Paths, commands and recipe values are printed verbatim: rich markup would eat `[v2]` in a path
+# and `[q_proj,v_proj]` in a printed --set. Styled words are Text, never markup.
+console = Console(markup=False, highlight=False)
+err_console = Console(stderr=True, markup=False, highlight=False)
 
 RecipeArg = Annotated[Path, typer.Argument(help="Recipe YAML file.", show_default=False)]
 SetOpt = Annotated[
@@ -73,7 +76,7 @@ def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
     """Check a recipe; exit 0 with a summary or 2 with one line per problem."""
     resolved = load_recipe(recipe, set_)
     _check_lora(recipe, resolved)
-    console.print(f"[green]ok[/green] {_summary(resolved)}", highlight=False)
+    console.print(Text.assemble(("ok", "green"), f" {_summary(resolved)}"))
 
 
 def _check_lora(file: Path, recipe: Recipe) -> None:
@@ -123,8 +126,9 @@ def train(
     from gspo_cli.train.engines.launch import says_summary
 
     if says_summary():  # once: not again in each rank that --nproc starts
-        console.print(f"[bold]gspo train[/bold] {_summary(resolved)}", highlight=False)
-    with _stop_line(lambda: stop_message(run_dir, sys.argv[1:])), _writer(run_dir, "gspo train"):
+        console.print(Text.assemble(("gspo train", "bold"), f" {_summary(resolved)}"))
+    stop_line = _stop_line(lambda: stop_message(run_dir, sys.argv[1:]))
+    with stop_line, _writer(run_dir, "gspo train", resume):
         from gspo_cli.train.engines.launch import launch, rank_dies_with_launcher, under_launcher
         from gspo_cli.train.run.loop import train as run_training
 
@@ -291,10 +295,14 @@ def compare(
     raise typer.Exit(code)
 
 
-def _writer(run_dir: Path, command: str) -> AbstractContextManager[None]:
-    """The run folder's one-writer lock. The ranks a launcher started (--nproc) leave it to
-    the launching `gspo train`, which holds it for them all."""
-    return nullcontext() if "LOCAL_RANK" in os.environ else one_writer(run_dir, command)
+def _writer(run_dir: Path, command: str, resume: bool = False) -> AbstractContextManager[None]:
+    """The run folder's checks, marker and one-writer lock (run_marker.owned_folder). The ranks
+    a launcher started (--nproc) leave it to the launching `gspo train`, which holds it for all."""
+    from gspo_cli.run_marker import RUN, owned_folder
+
+    if "LOCAL_RANK" in os.environ:
+        return nullcontext()
+    return owned_folder(run_dir, command, RUN, resume)
 
 
 def _argv() -> str:
@@ -378,7 +386,7 @@ USER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPER
 
 
 def _error(line: str) -> None:
-    err_console.print(f"[red]error:[/red] {line}", highlight=False, soft_wrap=True, markup=True)
+    err_console.print(Text.assemble(("error:", "red"), f" {line}"), soft_wrap=True)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ A training run folder (`gspo train`, `gspo sft`; default `trainer.out_dir/<recip
     wandb/             wandb's own files, when `logging.wandb` is on
     wandb_run_id       the wandb run's id, which a resumed run continues
     .gspo.lock         held (flock) by the one process writing the folder; says who: pid, host
+    .gspo-run          the run marker: {"kind": "run"}, written when the folder is created;
+                       a folder without it that is not empty is never written to (run_marker.py)
 
 Folders (cold_start/, step_NNNNNN/) are written under a hidden `.<name>.tmp` staging name and
 renamed into place; files are appended with fsync (JSONL) or replaced atomically (the rest), so a
@@ -37,6 +39,7 @@ An eval output folder (`gspo eval`; default `evals/<benchmark>`; a run folder ma
     samples.jsonl      one record per finished problem (appended, so a rerun skips it)
     results.json       the metrics with intervals, written at the end
     .gspo.lock         as in a training run folder
+    .gspo-run          the run marker: {"kind": "eval"}
 
 A comparison folder (`gspo compare`; default `comparisons/latest`): summary.json, summary.md and
 one `<metric>.png` per plot.
@@ -82,6 +85,7 @@ LORA_BASE = "lora_base"  # a LoRA run's saved built-in base model (no cold start
 WANDB_ID = "wandb_run_id"
 
 LOCK = ".gspo.lock"  # also in an eval output folder
+RUN_MARKER = ".gspo-run"  # says a folder is ours, and what kind: also in an eval output folder
 
 # Eval output folder.
 SETTINGS = "settings.json"

@@ -92,7 +92,8 @@ def compare_runs(
     each: means over seeds with 95% t intervals, curves with shaded bands. A run without a
     readable recipe.yaml then returns 2.
     Every problem is printed as one line `error|warning: <where>: <what>`; invalid folders are
-    skipped. An unusable --x/--smooth, no valid run, or an unwritable out folder return 2.
+    skipped. A folder that does not exist (a mistyped path), an unusable --x/--smooth, no valid
+    run, or an unwritable out folder return 2.
     """
     problems = Problems(console)
     if x not in X_LABELS:
@@ -100,6 +101,11 @@ def compare_runs(
         return EXIT_NOTHING
     if smooth < 1:
         problems.error("--smooth", f"the window must be at least 1 step, got {smooth}")
+        return EXIT_NOTHING
+    missing = [path for path in run_dirs if not path.exists()]
+    for path in missing:  # a mistyped path: refused, not compared without it
+        problems.error(path, "no such folder (check the path); nothing compared")
+    if missing:
         return EXIT_NOTHING
     runs, base = load_runs(run_dirs, baseline, problems)
     if not runs or base is None:

@@ -21,6 +21,7 @@ from gspo_cli.run_folder import (
     LATEST,
     RECIPE,
 )
+from gspo_cli.run_marker import RUN, folder_kind
 
 
 def is_checkpoint(folder: Path) -> bool:
@@ -48,6 +49,11 @@ def resolve_checkpoint(name: str) -> str:
         return str(folder)
     if (path / COLD_START / HF_CONFIG).is_file():
         return str(path / COLD_START)
+    if folder_kind(path) == RUN or (path / RECIPE).is_file():  # a run stopped before any save
+        raise GspoError(
+            f"{name} is a run folder with no checkpoint yet (no {CHECKPOINTS}/{LATEST} and no "
+            f"{COLD_START}/): train it further, or name a checkpoint"
+        )
     raise GspoError(
         f"{name} is neither an HF checkpoint (config.json), LoRA adapters "
         f"(adapter_config.json), a .gguf file nor a run folder"

@@ -28,7 +28,7 @@ class EvalProgress:
     """Problems finished out of `total`, `done` of them by an earlier run (--resume)."""
 
     def __init__(self, total: int, done: int, console: Console | None = None) -> None:
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, markup=False, highlight=False)
         self.total, self.done, self.resumed = total, done, done
         self.plain = not self.console.is_terminal
         self.every = max(1, total // 10)

@@ -37,11 +37,11 @@ from gspo_cli.run_folder import (
     SAMPLES,
     SETTINGS,
     append_jsonl,
-    one_writer,
     read_jsonl,
     write_error,
     write_text_atomic,
 )
+from gspo_cli.run_marker import EVAL, owned_folder
 
 SEQUENCES_PER_BATCH = 64  # problems x samples per generate call: bounds memory on small machines
 
@@ -120,7 +120,7 @@ def run_eval(
             raise GspoError(f"--standings: {exc}") from None
     # a GGUF (or a LoRA checkpoint's GGUF base) converts or fails before `out` is touched
     convert_first(model_path, what="checkpoint")
-    with one_writer(out, "gspo eval"):
+    with owned_folder(out, "gspo eval", EVAL):  # never among a user's own files
         done = _prepare_out(out, settings, resume)
         records = _sample_and_judge(
             settings, model_path, problems, done, out, console, engine_factory

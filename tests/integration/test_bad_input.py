@@ -16,6 +16,7 @@ import torch
 
 from gspo_cli.models import load_policy
 from gspo_cli.recipe import deep_merge
+from gspo_cli.run_marker import RUN, mark_folder
 from tests.helpers import invoke_cli, write_recipe
 
 GSM8K = Path("benchmarks") / "gsm8k" / "qwen25math_gsm8k_test.jsonl"
@@ -179,7 +180,7 @@ def _read_only(folder: Path) -> Iterator[str]:
 def test_a_read_only_run_folder(tmp_path: Path) -> None:
     recipe = _recipe(tmp_path)
     out = tmp_path / "run"
-    out.mkdir()
+    mark_folder(out, RUN)  # a run folder of ours, stopped before its first step
     (out / "recipe.yaml").write_text(recipe.read_text())
     with _read_only(out) as reason:
         resumed = invoke_cli("train", str(recipe), "--out", str(out), "--resume")
@@ -190,6 +191,7 @@ def test_a_read_only_run_folder(tmp_path: Path) -> None:
 
 def test_resume_without_a_checkpoint_says_it_starts_from_step_0(tmp_path: Path) -> None:
     out = tmp_path / "run"
+    mark_folder(out, RUN)  # a run folder of ours with no checkpoint yet
     result = invoke_cli("train", str(_recipe(tmp_path)), "--out", str(out), "--resume")
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"no checkpoint in {out / 'checkpoints'}: starting from step 0" in result.stdout

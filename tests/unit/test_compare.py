@@ -273,13 +273,12 @@ def test_all_invalid_returns_2(tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "metrics.jsonl").write_text('{"step": 1, "lo\nnot json\n', encoding="utf-8")
-    missing = tmp_path / "missing"
     console = recording_console()
-    code = compare_runs([empty, broken, missing], metrics=None, out=tmp_path / "o",
+    code = compare_runs([empty, broken], metrics=None, out=tmp_path / "o",
                         baseline=None, console=console)  # fmt: skip
     assert code == 2
     text = console_text(console)
-    for path in (empty, broken / "metrics.jsonl", missing):
+    for path in (empty, broken / "metrics.jsonl"):
         assert f"error: {path}: " in text
     assert f"{broken / 'metrics.jsonl'}:2: corrupt line" in text
     assert not (tmp_path / "o").exists()

@@ -10,19 +10,22 @@ from gspo_cli.run_folder import (
     write_error,
     write_text_atomic,
 )
+from gspo_cli.run_marker import RUN, check_out_folder, mark_folder
 from gspo_cli.train.run.resume import check_resumable
 
 
 def prepare_run_dir(run_dir: Path, resume: bool, recipe_yaml: str) -> None:
     """Create (or, with resume, check) the run folder and save the resolved recipe in it.
 
-    A folder a failed start left (no checkpoint, cold start, metrics) never blocks a rerun."""
+    A folder a failed start left (no checkpoint, cold start, metrics) never blocks a rerun; a
+    folder that is not ours (run_marker.py) is never written in."""
     check_run_folder(run_dir, resume)
+    check_out_folder(run_dir, RUN, resume)  # never among a user's own files
     saved = run_dir / RECIPE
     if resume and saved.is_file():
         check_resumable(run_dir, recipe_yaml)
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        mark_folder(run_dir, RUN)
         write_text_atomic(saved, recipe_yaml)
     except OSError as exc:
         raise write_error(exc, run_dir) from None

@@ -149,7 +149,8 @@ def prepare_run(
     check_world_size(recipe, ctx.world)
     if TRAIN_ENGINES.get(recipe.trainer.engine).several_processes:
         init_process_group(ctx, device)
-    console = (console or Console()) if ctx.is_main else Console(quiet=True)
+    plain = Console(markup=False, highlight=False)  # paths and values print verbatim
+    console = (console or plain) if ctx.is_main else Console(quiet=True)
     # a GGUF (or a LoRA checkpoint's GGUF base) is converted or refused before the run folder
     convert_first(recipe.model.path, what="model.path")
     changes = _open_run_dir(run_dir, resume, recipe_yaml, ctx)
