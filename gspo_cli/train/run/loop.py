@@ -369,7 +369,7 @@ def run_sft_only(
     recipe: Recipe, recipe_yaml: str, *, run_dir: Path, console: Console | None = None
 ) -> Path:
     """`gspo sft`: the cold start alone, saved as an HF checkpoint, with held-out accuracy."""
-    console = console or Console()
+    console = console or Console(markup=False, highlight=False)  # paths verbatim
     allow_weak_isolation(recipe.reward.sandbox.allow_weak_isolation)  # held-out code problems
     # a GGUF (or a LoRA checkpoint's GGUF base) is converted or refused before the run folder
     convert_first(recipe.model.path, what="model.path")
