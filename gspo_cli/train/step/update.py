@@ -239,7 +239,8 @@ def train_groups(
     t_start = time.perf_counter()
     # Rewards are shaped here, the one place before the group advantages. The overlong penalty
     # is in `scored.rewards` already (collection: dynamic sampling filters on it).
-    reward_t = torch.tensor(scored.rewards, dtype=torch.float32)  # [N]
+    # float64, as the KL-in-reward path: the advantages are computed in float64 either way
+    reward_t = torch.tensor(scored.rewards, dtype=torch.float64)  # [N]
     advantages = group_advantages(reward_t, g, scale=algo.scale_advantages)  # [N]
     prep = _prepare(engine, scored, advantages, settings, step_seed, ref_engine, ctx, group_offset)
     advantages = prep.advantages  # a KL in the reward changes them
