@@ -20,8 +20,10 @@ from gspo_cli.rewards.extract import last_boxed
 from gspo_cli.rewards.registry import REWARDS
 from gspo_cli.workers import kill_pool, pool_worker_init
 
-# The outer deadline allows Math-Verify's own parse + verify timeouts to fire first.
+# The outer deadline allows Math-Verify's own parse + verify timeouts to fire first, plus a
+# slack for a worker process's start.
 OUTER_DEADLINE_FACTOR = 3.0
+OUTER_DEADLINE_SLACK_S = 5.0
 CHUNKS_PER_WORKER = 2  # a few chunks per worker: balanced load, few round trips
 
 
@@ -80,7 +82,7 @@ class MathVerifierPool:
             raise ValueError(f"{len(completions)} completions but {len(answers)} answers")
         pairs = [(c, str(a)) for c, a in zip(completions, answers, strict=True)]
         scores: list[float | None] = [None] * len(pairs)
-        deadline = self.timeout_s * OUTER_DEADLINE_FACTOR + 5.0
+        deadline = self.timeout_s * OUTER_DEADLINE_FACTOR + OUTER_DEADLINE_SLACK_S
         self._score_in_chunks(pairs, scores, deadline)
         while None in scores:  # what a hung chunk left: one answer per task finds the culprit
             pending = [i for i, v in enumerate(scores) if v is None]

@@ -50,7 +50,8 @@ def _sometimes_hangs(completion: str, gold: str, timeout_s: float = 5.0) -> floa
 
 def test_a_hung_check_scores_zero_and_the_others_are_still_scored(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(math_verifier, "check_answer", _sometimes_hangs)
-    monkeypatch.setattr(math_verifier, "OUTER_DEADLINE_FACTOR", 0.0)  # deadline = 5 s
+    monkeypatch.setattr(math_verifier, "OUTER_DEADLINE_FACTOR", 0.0)
+    monkeypatch.setattr(math_verifier, "OUTER_DEADLINE_SLACK_S", 3.0)  # deadline = 3 s, not 5
     pool = MathVerifierPool(num_workers=1, timeout_s=1.0)
     try:
         completions = ["\\boxed{1}", "hang \\boxed{2}", "\\boxed{3}", "\\boxed{4}", "\\boxed{5}"]
