@@ -198,6 +198,17 @@ def fenced(code: str) -> str:
     return f"Here is my solution.\n```python\n{code}```\nIt runs in O(n)."
 
 
+def one_error_line(result: subprocess.CompletedProcess[str], *parts: str) -> str:
+    """The run's stderr is exactly one line, exit 2, no traceback, containing every `parts`."""
+    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for part in parts:
+        assert part in lines[0], lines[0]
+    return lines[0]
+
+
 # --- processes ---------------------------------------------------------------------------------
 
 

@@ -18,20 +18,10 @@ from gspo_cli.models import load_policy
 from gspo_cli.recipe import deep_merge
 from gspo_cli.run_folder import RUN_MARKER
 from gspo_cli.run_marker import RUN, mark_folder
-from tests.helpers import invoke_cli, write_recipe
+from tests.helpers import invoke_cli, one_error_line, write_recipe
 
 GSM8K = Path("benchmarks") / "gsm8k" / "qwen25math_gsm8k_test.jsonl"
 QUICK = {"model": {"path": "builtin:tiny-dense"}, "trainer": {"steps": 1}}
-
-
-def _one_error_line(result: subprocess.CompletedProcess[str], *parts: str) -> str:
-    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    for part in parts:
-        assert part in lines[0], lines[0]
-    return lines[0]
 
 
 def _recipe(tmp_path: Path, **overrides: object) -> Path:
@@ -64,7 +54,7 @@ def test_eval_of_truncated_weights_is_one_line_and_the_rerun_is_not_blocked(
     weights = broken / "model.safetensors"
     os.truncate(weights, weights.stat().st_size // 2)
     out = tmp_path / "eval"
-    _one_error_line(
+    one_error_line(
         invoke_cli(*_eval_args(broken, out, shared)), "checkpoint:", "damaged or truncated"
     )
     result = invoke_cli(*_eval_args(hf_model, out, shared))  # same --out, no --resume
@@ -75,10 +65,10 @@ def test_eval_of_truncated_weights_is_one_line_and_the_rerun_is_not_blocked(
 def test_out_pointing_at_a_file(hf_model: Path, tmp_path: Path, shared: Path) -> None:
     file = tmp_path / "a-file"
     file.write_text("keep me\n")
-    _one_error_line(invoke_cli(*_eval_args(hf_model, file, shared)), "is a file")
+    one_error_line(invoke_cli(*_eval_args(hf_model, file, shared)), "is a file")
     recipe = _recipe(tmp_path)
-    _one_error_line(invoke_cli("train", str(recipe), "--out", str(file)), "is a file")
-    _one_error_line(invoke_cli("sft", str(recipe), "--out", str(file)), "is a file")
+    one_error_line(invoke_cli("train", str(recipe), "--out", str(file)), "is a file")
+    one_error_line(invoke_cli("sft", str(recipe), "--out", str(file)), "is a file")
     assert file.read_text() == "keep me\n"
 
 
@@ -96,7 +86,7 @@ def test_validate_catches_a_bad_prompt_template(
 ) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f'data:\n  prompt_template: "{template}"\n')
-    _one_error_line(invoke_cli("validate", str(recipe)), "data.prompt_template", expected)
+    one_error_line(invoke_cli("validate", str(recipe)), "data.prompt_template", expected)
 
 
 def test_a_model_folder_without_config_json(hf_model: Path, tmp_path: Path) -> None:
@@ -105,7 +95,7 @@ def test_a_model_folder_without_config_json(hf_model: Path, tmp_path: Path) -> N
     (folder / "model.safetensors").write_bytes((hf_model / "model.safetensors").read_bytes())
     recipe = _recipe(tmp_path, model={"path": str(folder)})
     for command in ("validate", "train"):
-        _one_error_line(invoke_cli(command, str(recipe)), "model.path", "without config.json")
+        one_error_line(invoke_cli(command, str(recipe)), "model.path", "without config.json")
 
 
 def _write_then_fail(written: list[Path]):  # type: ignore[no-untyped-def]
@@ -126,7 +116,7 @@ def test_a_full_disk_during_a_checkpoint(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(torch, "save", _write_then_fail(written))
     result = invoke_cli("train", str(recipe), "--out", str(out))
     root = out / "checkpoints"
-    _one_error_line(
+    one_error_line(
         result, f"no space left on {root}", "step_000001 not saved (there is no earlier checkpoint)"
     )
     assert written and written[0].parent.name == ".step_000001.tmp"  # the save had begun
@@ -147,7 +137,7 @@ def test_a_full_disk_while_saving_the_cold_start(
     with monkeypatch.context() as patch:
         patch.setattr(PreTrainedTokenizerBase, "save_pretrained", full)
         result = invoke_cli("train", str(recipe), "--out", str(out))
-    _one_error_line(result, f"no space left on {out}: the cold start was not saved")
+    one_error_line(result, f"no space left on {out}: the cold start was not saved")
     assert not (out / ".cold_start.tmp").exists() and not (out / "cold_start").exists()
     rerun = invoke_cli("train", str(recipe), "--out", str(out))  # nothing to keep: no --resume
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -185,9 +175,9 @@ def test_a_read_only_run_folder(tmp_path: Path) -> None:
     (out / "recipe.yaml").write_text(recipe.read_text())
     with _read_only(out) as reason:
         resumed = invoke_cli("train", str(recipe), "--out", str(out), "--resume")
-        _one_error_line(resumed, f"cannot write in {out}: {reason}")
+        one_error_line(resumed, f"cannot write in {out}: {reason}")
         fresh = invoke_cli("train", str(recipe), "--out", str(out / "new"))
-        _one_error_line(fresh, f"{out / 'new'}: {reason}")
+        one_error_line(fresh, f"{out / 'new'}: {reason}")
 
 
 def test_resume_without_a_checkpoint_says_it_starts_from_step_0(tmp_path: Path) -> None:
@@ -211,7 +201,7 @@ def test_a_failed_start_never_blocks_its_rerun(tmp_path: Path, rerun_flags: list
     recipe = _recipe(tmp_path, data=data, eval={"num_problems": 8, "samples": 1})
     out = tmp_path / "run"
     failed = invoke_cli("train", str(recipe), "--out", str(out), "--set", "data.answer_column=nope")
-    _one_error_line(failed, "column 'nope'")
+    one_error_line(failed, "column 'nope'")
     assert (out / "recipe.yaml").is_file()  # what the failed start left
     rerun = invoke_cli("train", str(recipe), "--out", str(out), *rerun_flags)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -229,7 +219,7 @@ def test_a_failed_start_never_blocks_its_rerun(tmp_path: Path, rerun_flags: list
 def test_validate_catches_bad_chat_settings(
     tmp_path: Path, data: dict[str, object], expected: str
 ) -> None:
-    _one_error_line(invoke_cli("validate", str(_recipe(tmp_path, data=data))), expected)
+    one_error_line(invoke_cli("validate", str(_recipe(tmp_path, data=data))), expected)
 
 
 def _conversations(tmp_path: Path, bad_role: str) -> Path:
@@ -247,7 +237,7 @@ def test_an_unknown_role_stops_training_in_one_line_before_any_step(tmp_path: Pa
     data = {"source": str(_conversations(tmp_path, "bot")), "prompt_column": "messages"}
     out = tmp_path / "run"
     result = invoke_cli("train", str(_recipe(tmp_path, data=data)), "--out", str(out))
-    _one_error_line(result, "chats.jsonl row 7: turn 0 has role 'bot'; known: system, user")
+    one_error_line(result, "chats.jsonl row 7: turn 0 has role 'bot'; known: system, user")
     assert sorted(p.name for p in out.iterdir()) == [RUN_MARKER, "recipe.yaml"]  # no step
 
 
@@ -259,4 +249,4 @@ def test_a_tokenizer_without_a_chat_template_is_one_line(hf_model: Path, tmp_pat
     tokenizer.save_pretrained(folder)
     recipe = _recipe(tmp_path, model={"path": str(folder)})
     result = invoke_cli("train", str(recipe), "--out", str(tmp_path / "run"))
-    _one_error_line(result, "the tokenizer has no chat template: set data.chat_template: none")
+    one_error_line(result, "the tokenizer has no chat template: set data.chat_template: none")

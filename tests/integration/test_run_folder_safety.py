@@ -8,7 +8,6 @@ import json
 import os
 import shlex
 import stat
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +19,9 @@ from gspo_cli.recipe import load_recipe
 from gspo_cli.run_folder import RUN_MARKER
 from gspo_cli.run_marker import RUN, mark_folder
 from gspo_cli.train.engines.torch_engine import TorchEngine, UpdateFailed
-from tests.helpers import invoke_cli, write_recipe
+from tests.helpers import invoke_cli, one_error_line, write_recipe
 
 QUICK = {"model": {"path": "builtin:tiny-dense"}, "trainer": {"steps": 1, "checkpoint_every": 1}}
-
-
-def _one_error_line(result: subprocess.CompletedProcess[str], *parts: str) -> str:
-    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    for part in parts:
-        assert part in lines[0], lines[0]
-    return lines[0]
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -55,7 +44,7 @@ def test_out_into_a_folder_of_user_files_is_refused_and_nothing_is_touched(
     (tmp_path / "samples.jsonl").write_text('{"prompt": "mine", "answer": "1"}\n')
     before = _snapshot(tmp_path)
     result = invoke_cli(command, str(recipe), "--out", str(tmp_path))
-    _one_error_line(result, f"{tmp_path} is not empty and is not a gspo run folder", "--out")
+    one_error_line(result, f"{tmp_path} is not empty and is not a gspo run folder", "--out")
     assert _snapshot(tmp_path) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe.yaml", "samples.jsonl"]
 
@@ -69,7 +58,7 @@ def test_eval_out_into_a_folder_of_user_files_is_refused_and_nothing_is_touched(
     args = ["builtin:tiny-dense", "--benchmark", "custom", "--data", str(data)]
     for resume in ([], ["--resume"]):
         result = invoke_cli("eval", *args, "--out", str(tmp_path), *resume)
-        _one_error_line(result, f"{tmp_path} is not empty and is not a gspo eval output folder")
+        one_error_line(result, f"{tmp_path} is not empty and is not a gspo eval output folder")
     assert _snapshot(tmp_path) == before
 
 
@@ -85,7 +74,7 @@ def test_an_empty_folder_becomes_a_marked_run_folder_that_eval_will_not_write_in
     before = _snapshot(out)
     args = ["builtin:tiny-dense", "--benchmark", "custom", "--data", str(_problems(tmp_path))]
     refused = invoke_cli("eval", *args, "--out", str(out))
-    _one_error_line(refused, f"{out} is a gspo run folder, not a gspo eval output folder")
+    one_error_line(refused, f"{out} is a gspo run folder, not a gspo eval output folder")
     assert _snapshot(out) == before
 
 
@@ -113,12 +102,12 @@ def test_resume_of_a_folder_without_a_run_is_refused(tmp_path: Path) -> None:
     recipe = write_recipe(tmp_path, QUICK)
     missing = tmp_path / "tpyo"
     result = invoke_cli("train", str(recipe), "--out", str(missing), "--resume")
-    _one_error_line(result, f"--resume: {missing} does not exist, so there is no run to resume")
+    one_error_line(result, f"--resume: {missing} does not exist, so there is no run to resume")
     assert not missing.exists()
     empty = tmp_path / "empty"
     empty.mkdir()
     result = invoke_cli("train", str(recipe), "--out", str(empty), "--resume")
-    _one_error_line(result, f"--resume: {empty} is empty, so there is no run to resume")
+    one_error_line(result, f"--resume: {empty} is empty, so there is no run to resume")
     assert list(empty.iterdir()) == []
 
 
@@ -128,7 +117,7 @@ def test_eval_of_a_run_folder_without_a_checkpoint_says_what_it_is(tmp_path: Pat
     (run / "recipe.yaml").write_text("name: x\n")  # what a start that failed early leaves
     args = ["--benchmark", "custom", "--data", str(_problems(tmp_path))]
     result = invoke_cli("eval", str(run), *args, "--out", str(tmp_path / "ev"))
-    _one_error_line(result, f"{run} is a run folder with no checkpoint yet")
+    one_error_line(result, f"{run} is a run folder with no checkpoint yet")
 
 
 def test_an_error_line_prints_a_path_with_brackets_verbatim(tmp_path: Path) -> None:
@@ -136,7 +125,7 @@ def test_an_error_line_prints_a_path_with_brackets_verbatim(tmp_path: Path) -> N
     missing = tmp_path / "[v2]x.jsonl"
     recipe = write_recipe(tmp_path, {**QUICK, "data": {"source": str(missing)}})
     result = invoke_cli("validate", str(recipe))
-    _one_error_line(result, f"data.source: file not found: {missing}")
+    one_error_line(result, f"data.source: file not found: {missing}")
 
 
 def test_a_guard_stop_prints_a_resume_command_with_brackets_that_runs(
@@ -160,7 +149,7 @@ def test_a_guard_stop_prints_a_resume_command_with_brackets_that_runs(
     with monkeypatch.context() as patch:
         patch.setattr(TorchEngine, "step", failing_step)
         stopped = invoke_cli("train", str(recipe), "--out", str(out), *sets)
-    line = _one_error_line(stopped, "stopped at step 2", "resume with: ")
+    line = one_error_line(stopped, "stopped at step 2", "resume with: ")
     command = shlex.split(line.split("resume with: ", 1)[1])
     assert command[:2] == ["gspo", "train"] and targets in command, command
     resumed = invoke_cli(*command[1:])
