@@ -8,6 +8,19 @@ from dataclasses import dataclass
 import torch
 
 
+@dataclass(frozen=True)
+class ToolTrace:
+    """What the tools did in one trajectory (rollout/tools/)."""
+
+    calls: int = 0  # tool calls run (or answered with an error)
+    errors: int = 0  # calls that failed: an exception, a timeout, a call that could not be read
+    seconds: float = 0.0  # wall time of its calls
+    cut_outputs: int = 0  # results cut to output_max_tokens
+    ended_by_budget: bool = False  # a result did not fit in max_new_tokens: the trajectory ended
+    tool_tokens: int = 0  # environment tokens in the response
+    environment_reward: float | None = None  # the environment's get_reward(), if it has one
+
+
 @dataclass
 class RolloutBatch:
     """N = len(prompts) * num_samples responses, ordered prompt by prompt (group by group)."""
@@ -23,6 +36,10 @@ class RolloutBatch:
     # MoE layer for every token forwarded while generating (the prompt and all but the last
     # response token, in order); None otherwise.
     routed_experts: list[torch.Tensor] | None = None
+    # Tool use (rollout/tools/): N lists [len_i], True on the tokens an environment wrote (tool
+    # results: context, never targets); None: every token is the model's.
+    from_tool: list[list[bool]] | None = None
+    tool_traces: list[ToolTrace] | None = None  # N, with tool use
 
     @property
     def num_completion_tokens(self) -> int:

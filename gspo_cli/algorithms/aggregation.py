@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import torch
 
+from gspo_cli.algorithms.turns import split_turns
 from gspo_cli.registry import Registry
 
 # Per-token loss [B, T], mask [B, T] -> per-token contribution [B, T], summed by the caller.
@@ -41,14 +42,17 @@ def _seq_mean_token_sum(token_loss: torch.Tensor, mask: torch.Tensor) -> torch.T
     return token_loss * mask  # [B, T]; normalised by the number of sequences
 
 
-def loss_normalizer(mask: torch.Tensor, loss_agg: str) -> float:
-    """The denominator `aggregate` uses for this mask: sequences or response tokens.
+def loss_normalizer(mask: torch.Tensor, loss_agg: str, turns: torch.Tensor | None = None) -> float:
+    """The denominator `aggregate` uses for this mask: sequences or response tokens. With
+    `turns` (`[B, T]`, `sequence_unit: turn`) a sequence is one model turn of a response.
 
     Sum it over every micro-batch of an optimiser step and pass the total as `normalizer`.
     """
     LOSS_AGGREGATIONS.get(loss_agg)  # raises on unknown names
     if loss_agg == "token_mean":
         return float(mask.sum().item())
+    if turns is not None:
+        return float(len(split_turns(turns, mask)[0]))
     return float((mask.sum(dim=1) > 0).sum().item())
 
 

@@ -14,6 +14,7 @@ from gspo_cli.algorithms.losses import (
     resolve_loss_agg,
     sequence_log_ratio,
 )
+from gspo_cli.algorithms.turns import split_turns
 
 
 def compute_policy_loss(
@@ -35,6 +36,7 @@ def compute_policy_loss(
     kl_estimator: str = DEFAULT_KL_ESTIMATOR,
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
+    turns: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy-gradient loss of `algorithm` and its metrics.
 
@@ -57,6 +59,9 @@ def compute_policy_loss(
         kl_estimator: a registered KL estimator (algorithms/kl.py); k3 by default.
         entropy: `[B, T]` the policy's entropy per token, with grad, for the entropy bonus.
         entropy_coef: c_H of L = L_pg - c_H * H (H aggregated like the policy loss); 0 = off.
+        turns: `[B, T]` each model token's turn in a tool trajectory (-1 elsewhere): each turn
+            is then its own sequence with its response's advantage (`sequence_unit: turn`);
+            None: the response is one sequence. Tool tokens are 0 in `mask` either way.
 
     Returns:
         A 0-dim loss to minimise, and metrics (floats, computed without grad).
@@ -70,6 +75,16 @@ def compute_policy_loss(
 
     mask = mask.to(logprobs.dtype)
     old_logprobs = old_logprobs.detach()
+    zero_adv_groups = _zero_adv_group_frac(advantages, group_size)  # per response, not turn
+    if turns is not None:  # one row per turn, every tensor of the loss alike
+        rows, mask = split_turns(turns, mask)  # [R], [R, T]
+
+        def per_turn(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[rows]
+
+        logprobs, old_logprobs, advantages = logprobs[rows], old_logprobs[rows], advantages[rows]
+        ref_logprobs, token_weights = per_turn(ref_logprobs), per_turn(token_weights)
+        entropy = per_turn(entropy)
     token_adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     token_adv = token_adv.to(logprobs.dtype).expand_as(logprobs).detach()  # [B, T]
 
@@ -91,10 +106,16 @@ def compute_policy_loss(
         metrics["kl"] = _masked_mean(kl.detach(), mask)
     if entropy is not None and entropy_coef != 0.0:
         metrics["entropy_bonus"] = entropy_coef * _masked_mean(entropy.detach(), mask)
-    if group_size is not None and advantages.dim() == 1:
-        groups = advantages.detach().view(-1, group_size)  # [Q, G]
-        metrics["zero_adv_group_frac"] = (groups == 0).all(dim=1).float().mean().item()
+    if zero_adv_groups is not None:
+        metrics["zero_adv_group_frac"] = zero_adv_groups
     return loss, metrics
+
+
+def _zero_adv_group_frac(advantages: torch.Tensor, group_size: int | None) -> float | None:
+    if group_size is None or advantages.dim() != 1:
+        return None
+    groups = advantages.detach().view(-1, group_size)  # [Q, G]
+    return (groups == 0).all(dim=1).float().mean().item()
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:

@@ -42,6 +42,7 @@ from gspo_cli.run_folder import (
     write_text_atomic,
 )
 from gspo_cli.run_marker import EVAL, owned_folder
+from gspo_cli.tool_settings import ToolSettings
 
 SEQUENCES_PER_BATCH = 64  # problems x samples per generate call: bounds memory on small machines
 
@@ -74,6 +75,7 @@ class EvalSettings:
     system_prompt: str | None = None
     chat_template: str = "auto"
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    tools: ToolSettings | None = None  # the recipe's rollout.tools: the model answers with them
 
     @property
     def prompt_format(self) -> PromptSettings:
@@ -192,7 +194,14 @@ def prompt_builder(template: str | None) -> Callable[[Problem], str]:
 
 def _registered_engine(settings: EvalSettings) -> EngineFactory:
     def build(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> RolloutEngine:
-        spec = EngineSpec(model, tokenizer, model.state_dict().items, seed=settings.seed)
+        spec = EngineSpec(
+            model,
+            tokenizer,
+            model.state_dict().items,
+            seed=settings.seed,
+            tools=settings.tools,
+            model_name=settings.checkpoint,
+        )
         return make_rollout_engine(settings.engine, spec)
 
     return build

@@ -50,6 +50,7 @@ def eval_settings(
         system_prompt=resolved.data.system_prompt if own_task(recipe_file, merged) else None,
         chat_template=resolved.data.chat_template,
         chat_template_kwargs=resolved.data.chat_template_kwargs,
+        tools=resolved.tool_settings(),  # --recipe's tools: the model answers as it trained
     )
     try:  # the same range and file checks as a recipe's eval section
         EvalConfig.model_validate({k: merged[k] for k in EvalConfig.model_fields})

@@ -86,6 +86,12 @@ class AlgorithmConfig(Section):
         description="Refresh the KL reference to the current policy every N steps; 0 = it stays "
         "the initial policy.",
     )
+    sequence_unit: Literal["trajectory", "turn"] = Field(
+        "trajectory",
+        description="Tool trajectories: GSPO's sequence is all the model tokens of a trajectory "
+        "(one ratio, the rewarded unit), or each model turn with the trajectory's advantage "
+        "(docs/tools.md). Without tools both are the response.",
+    )
     entropy_coef: float = Field(
         0.0,
         ge=0,

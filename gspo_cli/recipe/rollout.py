@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gspo_cli.recipe.section import Section, registered
+from gspo_cli.tool_settings import ToolSettings
 
 # A step's rounds are bounded: past this many, a filter that keeps nothing is the problem.
 MAX_DYNAMIC_SAMPLING_ROUNDS = 1000
@@ -44,11 +45,63 @@ class VLLMConfig(Section):
     )
 
 
+class ToolsConfig(Section):
+    """`rollout.tools`: the model calls tools while it answers (docs/tools.md)."""
+
+    format: Literal["code_block", "chat_template"] = Field(
+        "code_block",
+        description="code_block: the model writes ```python blocks, any model; chat_template: "
+        "<tool_call> JSON as the model's chat template renders tool turns (Hermes/Qwen).",
+    )
+    interpreter: Literal["python"] | None = Field(
+        "python", description="Run the model's Python in the code sandbox; null: no interpreter."
+    )
+    functions: list[str] = Field(
+        default_factory=list,
+        description="User tools: 'module:function' paths; schema from signature and docstring.",
+    )
+    environment: str | None = Field(
+        None,
+        description="'module:Class': one instance per trajectory; reset(), public methods as "
+        "tools, optional get_reward().",
+    )
+    max_calls: int = Field(
+        4, ge=0, le=64, description="Tool calls per trajectory; 0 = none are run (never unlimited)."
+    )
+    output_max_tokens: int = Field(
+        64, ge=1, description="A tool result's content is cut to this many tokens."
+    )
+    output_truncation: Literal["head", "tail"] = Field(
+        "tail", description="Which part of a long result is kept."
+    )
+    timeout_s: float = Field(5.0, gt=0, le=600, description="One call's deadline.")
+    memory_mb: int = Field(512, ge=32, description="The interpreter's memory limit per call.")
+    output_max_bytes: int = Field(
+        64 * 1024, ge=256, description="The interpreter's stdout cap per call, in bytes."
+    )
+
+    @model_validator(mode="after")
+    def _something_to_call(self) -> ToolsConfig:
+        if self.interpreter is None and not self.functions and self.environment is None:
+            raise ValueError(
+                "rollout.tools has nothing to call: set interpreter, functions or environment"
+            )
+        return self
+
+    def settings(self, allow_weak_isolation: bool) -> ToolSettings:
+        values = self.model_dump()
+        values["functions"] = tuple(self.functions)
+        return ToolSettings(**values, allow_weak_isolation=allow_weak_isolation)
+
+
 class RolloutConfig(Section):
     engine: str = Field(
         "hf", description="Rollout engine: hf (transformers generate) or vllm (registered)."
     )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings.")
+    tools: ToolsConfig | None = Field(
+        None, description="Tool use: an interpreter and user tools the model calls (docs/tools.md)."
+    )
     num_prompts: int = Field(16, ge=1, description="Q: prompts sampled per RL step.")
     group_size: int = Field(8, ge=2, description="G: responses sampled per prompt (>= 2).")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature.")

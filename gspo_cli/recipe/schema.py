@@ -26,6 +26,7 @@ from gspo_cli.recipe.trainer import (
     OptimizerConfig,
     TrainerConfig,
 )
+from gspo_cli.tool_settings import ToolSettings
 
 
 class EvalConfig(Section):
@@ -153,6 +154,29 @@ class Recipe(Section):
         if micro and mini % micro != 0:
             raise ValueError(
                 f"trainer.micro_batch_size ({micro}) must divide the minibatch size ({mini})"
+            )
+        return self
+
+    def tool_settings(self) -> ToolSettings | None:
+        """`rollout.tools` for the rollout engine (with the sandbox's weak-isolation opt-in)."""
+        tools = self.rollout.tools
+        return None if tools is None else tools.settings(self.reward.sandbox.allow_weak_isolation)
+
+    @model_validator(mode="after")
+    def _tool_checks(self) -> Recipe:
+        tools = self.rollout.tools
+        if tools is None:
+            return self
+        if self.algorithm.routing_replay == "rollout":
+            raise ValueError(
+                "algorithm.routing_replay rollout replays the experts chosen while generating; "
+                "tool results are prefilled between turns and have none: use old_policy"
+            )
+        if tools.output_max_tokens >= self.rollout.max_new_tokens:
+            raise ValueError(
+                f"rollout.tools.output_max_tokens ({tools.output_max_tokens}) must be less than "
+                f"rollout.max_new_tokens ({self.rollout.max_new_tokens}), which counts tool "
+                "results too"
             )
         return self
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from gspo_cli.rollout_batch import RolloutBatch
+from gspo_cli.tool_settings import ToolSettings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -27,6 +28,9 @@ class SamplingParams:
     num_samples: int = 1  # responses per prompt (G)
     logprobs: bool = False  # also return each sampled token's log-prob (costs memory and time)
     routed_experts: bool = False  # MoE: also return the experts each forwarded token went to
+    # A response may end right after the token that completes one of these strings (its
+    # end-of-turn is not added): tool calls (rollout/tools/). () = only end-of-turn ends it.
+    stop: tuple[str, ...] = ()
 
 
 class RolloutEngine(Protocol):
@@ -64,3 +68,5 @@ class EngineSpec:
     synced_gpus: bool = False  # HF under ZeRO-3 with several ranks
     options: dict[str, Any] = field(default_factory=dict)  # the engine's own recipe section
     capabilities: ModelCapabilities | None = None
+    tools: ToolSettings | None = None  # rollout.tools: the engine returns tool trajectories
+    model_name: str = "the model"  # names the model in a one-line refusal

@@ -27,6 +27,13 @@ def vllm_engine(spec: EngineSpec) -> VLLMEngine:
 
 
 def make_rollout_engine(name: str, spec: EngineSpec) -> RolloutEngine:
+    """The engine `name`; with `spec.tools`, wrapped to return tool trajectories."""
     build = ROLLOUT_ENGINES.get(name).load()
     engine: RolloutEngine = build(spec)
-    return engine
+    if spec.tools is None:
+        return engine
+    from gspo_cli.rollout.tools.build import make_tool_parts
+    from gspo_cli.rollout.tools.trajectory import ToolUseEngine
+
+    fmt, make_toolbox = make_tool_parts(spec.tools, spec.tokenizer, spec.model_name)
+    return ToolUseEngine(engine, spec.tokenizer, spec.tools, fmt, make_toolbox)

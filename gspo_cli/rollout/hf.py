@@ -28,6 +28,7 @@ from gspo_cli.models.routing import ExpertRouting, Recording, RoutingError
 from gspo_cli.rollout.base import RolloutBatch, SamplingParams
 from gspo_cli.rollout.decode import decode_dropping_finished
 from gspo_cli.rollout.seeded import ExactSampling, row_seeds
+from gspo_cli.rollout.stop import StopStrings
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,7 @@ class HFGenerateEngine:
         params: SamplingParams,
         recorder: ChosenTokenLogprobs | None,
         seeds: list[int] | None,
+        stop: StopStrings | None = None,
     ) -> LogitsProcessorList:
         """Our own list, in order: record raw log-probs first, then temperature, top-k, top-p,
         the caller's `extra_processors` (they shape the law drawn from, e.g. a forbidden EOS),
@@ -195,6 +197,8 @@ class HFGenerateEngine:
         processors.extend(self.extra_processors)
         if params.temperature > 0 and self._exact_sampling(params, seeds):
             processors.append(ExactSampling(seeds))
+        if stop is not None:  # forces end-of-turn after a stop string: after every draw
+            processors.append(stop)
         return processors
 
     @property
@@ -223,22 +227,27 @@ class HFGenerateEngine:
             input_ids[i, width - len(p) :] = torch.tensor(p)
             attention[i, width - len(p) :] = 1
         recorder = ChosenTokenLogprobs(params.temperature) if params.logprobs else None
+        stop = StopStrings(params.stop, self.tokenizer, width) if params.stop else None
         routing = ExpertRouting.of(self.model) if out.routed_experts is not None else None
         with contextlib.nullcontext(None) if routing is None else routing.record() as experts:
             # the routing recorder wants every row at every step, as `generate` forwards them
-            generated = self._sample(input_ids, attention, params, recorder, seeds, routing is None)
+            generated = self._sample(
+                input_ids, attention, params, recorder, seeds, routing is None, stop
+            )
         new_tokens = generated[:, width:]  # [n, T]
         logprobs = recorder.finish(new_tokens[:, -1]).cpu() if recorder is not None else None
         new_tokens = new_tokens.cpu()
         for i, p in enumerate(prompts):
             tokens = new_tokens[i].tolist()
             length = tokens.index(eos_id) + 1 if eos_id in tokens else len(tokens)
+            if stop is not None and i in stop.stopped:  # the forced end-of-turn is not kept
+                length -= 1
             out.prompt_ids.append(p)
             out.completion_ids.append(tokens[:length])
             if out.completion_logprobs is not None and logprobs is not None:
                 out.completion_logprobs.append(logprobs[i, :length].clone())
             out.texts.append(self.tokenizer.decode(tokens[:length], skip_special_tokens=True))
-            out.truncated.append(eos_id not in tokens[:length])
+            out.truncated.append(eos_id not in tokens[:length] and not (stop and i in stop.stopped))
         if out.routed_experts is not None and experts is not None:
             out.routed_experts += _forwarded_routing(experts, prompts, out.completion_ids, width)
 
@@ -250,6 +259,7 @@ class HFGenerateEngine:
         recorder: ChosenTokenLogprobs | None,
         seeds: list[int] | None,
         drop_finished: bool = True,
+        stop: StopStrings | None = None,
     ) -> torch.Tensor:
         """`[n, P + T]` prompts and sampled tokens, greedy over the drawn scores where
         `_exact_sampling` (the draw is the sampling): from the loop that drops finished rows
@@ -258,7 +268,7 @@ class HFGenerateEngine:
         device = self._device
         eos_id, pad_id = int(self.tokenizer.eos_token_id), int(self.tokenizer.pad_token_id)
         do_sample = params.temperature > 0 and not self._exact_sampling(params, seeds)
-        processors = self._processors(params, recorder, seeds)
+        processors = self._processors(params, recorder, seeds, stop)
         loop = drop_finished and not do_sample and not self.synced_gpus
         if loop and self.capabilities.drops_finished_rows:
             return decode_dropping_finished(

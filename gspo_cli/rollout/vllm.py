@@ -215,7 +215,10 @@ class VLLMEngine:
                         seed=(int(seed) * 1_000_003 + j) % (2**63 - 1),
                         logprobs=0 if params.logprobs else None,
                         stop_token_ids=[eos],
-                        detokenize=False,
+                        # stop strings need the text; the ids still end at the stopping token
+                        stop=list(params.stop) or None,
+                        include_stop_str_in_output=bool(params.stop),
+                        detokenize=bool(params.stop),
                     )
                 )
         self._wake()

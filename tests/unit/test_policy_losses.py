@@ -18,43 +18,10 @@ from gspo_cli.algorithms import (
     loss_normalizer,
 )
 from gspo_cli.registry import UnknownNameError
+from tests.loss_reference import reference_loss
 
 ALGOS = ["gspo", "gspo_token", "grpo"]
 AGGS = ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"]
-
-
-def _clip_min(r: torch.Tensor, a: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
-    return torch.minimum(r * a, torch.clamp(r, 1 - lo, 1 + hi) * a)
-
-
-def reference_loss(lp, old, adv, mask, algo, lo, hi, agg):  # type: ignore[no-untyped-def]
-    """-J, one response and one token at a time (Eq. 2, 5, 7, 13, 14)."""
-    per_seq_terms = []  # list of (list of per-token objective terms)
-    for i in range(lp.shape[0]):
-        idx = [t for t in range(lp.shape[1]) if mask[i, t] > 0]
-        if algo == "grpo":
-            terms = [_clip_min(torch.exp(lp[i, t] - old[i, t]), adv[i, t], lo, hi) for t in idx]
-        else:
-            log_s = sum(lp[i, t] - old[i, t] for t in idx) / len(idx)
-            s = torch.exp(log_s)
-            if algo == "gspo":
-                a_i = sum(adv[i, t] for t in idx) / len(idx)
-                terms = [_clip_min(s, a_i, lo, hi)] * len(idx)  # one decision per response
-            else:
-                terms = [
-                    _clip_min(
-                        s.detach() * torch.exp(lp[i, t] - lp[i, t].detach()), adv[i, t], lo, hi
-                    )
-                    for t in idx
-                ]
-        per_seq_terms.append(terms)
-    if agg == "seq_mean_token_mean":
-        j = sum(sum(ts) / len(ts) for ts in per_seq_terms) / len(per_seq_terms)
-    elif agg == "token_mean":
-        j = sum(sum(ts) for ts in per_seq_terms) / sum(len(ts) for ts in per_seq_terms)
-    else:
-        j = sum(sum(ts) for ts in per_seq_terms) / len(per_seq_terms)
-    return -j
 
 
 def random_batch(seed: int, b: int, t: int, *, per_token_adv: bool = False, scale: float = 0.3):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +17,13 @@ import torch
 from gspo_cli.algorithms import PAPER_CLIP, POLICY_LOSSES, LossOptions, compute_policy_loss
 from gspo_cli.recipe import RecipeError, load_recipe
 from tests.helpers import REPO, invoke_cli
+from tests.loss_reference import TAUS, reference_loss
 
 Tensor = torch.Tensor
 SUCCESSORS = ["luspo", "sapo", "gmpo", "cispo"]
 AGGS = ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"]
 # Clip ranges for the random tests: wide enough that the references' clip branches run.
 CLIPS = {"luspo": (0.01, 0.012), "sapo": (0.2, 0.2), "gmpo": (0.3, 0.3), "cispo": (0.2, 0.28)}
-TAUS = (0.7, 1.6)  # not the defaults: shows the recipe's taus reach the gate
 
 
 Batch = tuple[Tensor, Tensor, Tensor, Tensor]  # lp (grad), old, adv, mask: each [B, T]
@@ -45,95 +44,6 @@ def random_batch(seed: int, b: int, t: int, *, per_token_adv: bool, scale: float
     adv = torch.randn(b, t if per_token_adv else 1, generator=g, dtype=torch.float64)
     adv[0] = 0.0
     return lp, old, adv.expand(b, t).contiguous(), mask
-
-
-def _sum(values: Iterable[Tensor]) -> Tensor:
-    """A plain running sum (a float64 0-dim tensor, so that the types stay tensors)."""
-    total = torch.zeros((), dtype=torch.float64)
-    for value in values:
-        total = total + value
-    return total
-
-
-def _clip(x: Tensor, low: float, high: float) -> Tensor:
-    return torch.clamp(x, low, high)
-
-
-def _sequence_terms(
-    lp: Tensor,
-    old: Tensor,
-    adv: Tensor,
-    mask: Tensor,
-    algo: str,
-    lo: float,
-    hi: float,
-    taus: tuple[float, float],
-) -> list[list[Tensor]]:
-    """Per response, the list of its per-token objective terms (a sequence-level term repeated
-    on each token, as the aggregation then divides it out), from each paper's equation."""
-    out: list[list[Tensor]] = []
-    for i in range(lp.shape[0]):
-        idx = [t for t in range(lp.shape[1]) if mask[i, t] > 0]
-        n = len(idx)
-        a_i = _sum(adv[i, t] for t in idx) / n
-        if algo == "gmpo":  # arXiv 2507.20673 Eq. 3-4, per-token clip in log space first
-            clipped = []
-            for t in idx:
-                log_r = lp[i, t] - old[i, t]
-                if a_i > 0:
-                    log_r = torch.clamp(log_r, max=hi)
-                elif a_i < 0:
-                    log_r = torch.clamp(log_r, min=-lo)
-                clipped.append(log_r)
-            term = a_i * torch.exp(_sum(clipped) / n)
-            out.append([term] * n)
-        elif algo == "sapo":  # arXiv 2511.20347: f_tau(r) A, tau by the advantage's sign
-            terms = []
-            for t in idx:
-                r = torch.exp(lp[i, t] - old[i, t])
-                tau = taus[0] if adv[i, t] > 0 else taus[1]
-                terms.append(torch.sigmoid(tau * (r - 1)) * 4 / tau * adv[i, t])
-            out.append(terms)
-        elif algo == "cispo":  # arXiv 2506.13585 Eq. 4: sg[clip(r)] A log pi
-            terms = []
-            for t in idx:
-                r = torch.exp(lp[i, t] - old[i, t]).detach()
-                terms.append(_clip(r, 1 - lo, 1 + hi) * adv[i, t] * lp[i, t])
-            out.append(terms)
-        else:
-            raise ValueError(algo)
-    return out
-
-
-def reference_loss(
-    lp: Tensor,
-    old: Tensor,
-    adv: Tensor,
-    mask: Tensor,
-    algo: str,
-    lo: float,
-    hi: float,
-    agg: str,
-    taus: tuple[float, float] = TAUS,
-) -> Tensor:
-    """-J, the papers' objectives, one response and one token at a time."""
-    if algo == "luspo":  # arXiv 2602.05261 Eq. 7: (1/G) sum_i |y_i| min(s_i A_i, clip(s_i) A_i)
-        assert agg == "seq_mean_token_mean"
-        total = torch.zeros((), dtype=lp.dtype)
-        for i in range(lp.shape[0]):
-            idx = [t for t in range(lp.shape[1]) if mask[i, t] > 0]
-            a_i = _sum(adv[i, t] for t in idx) / len(idx)
-            s_i = torch.exp(_sum(lp[i, t] - old[i, t] for t in idx) / len(idx))
-            total = total + len(idx) * torch.minimum(s_i * a_i, _clip(s_i, 1 - lo, 1 + hi) * a_i)
-        return -total / lp.shape[0]
-    terms = _sequence_terms(lp, old, adv, mask, algo, lo, hi, taus)
-    if agg == "seq_mean_token_mean":
-        j = _sum(_sum(ts) / len(ts) for ts in terms) / len(terms)
-    elif agg == "token_mean":
-        j = _sum(_sum(ts) for ts in terms) / sum(len(ts) for ts in terms)
-    else:
-        j = _sum(_sum(ts) for ts in terms) / len(terms)
-    return -j
 
 
 def _loss_and_grad(

@@ -113,6 +113,8 @@ def _sample(plan: WorkerPlan, staging: nn.Module, inbox: Any, outbox: Any) -> No
         seed=recipe.trainer.seed + plan.ctx.rank,
         options=recipe.rollout.vllm.model_dump(),
         capabilities=plan.capabilities,
+        tools=recipe.tool_settings(),
+        model_name=recipe.model.path,
     )
     engine = make_rollout_engine(recipe.rollout.engine, spec)
     sampler = PromptSampler(len(plan.problems[1]), recipe.data.seed + recipe.trainer.seed)

@@ -181,6 +181,8 @@ def prepare_run(
         synced_gpus=engine.partitions_weights and ctx.world > 1,
         options=recipe.rollout.vllm.model_dump(),
         capabilities=engine.capabilities,
+        tools=recipe.tool_settings(),
+        model_name=recipe.model.path,
     )
     # asynchronous rollouts sample in the worker; here only held-out evals, on the policy itself
     rollout_engine = make_rollout_engine(

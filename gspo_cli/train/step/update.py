@@ -19,7 +19,12 @@ from gspo_cli.algorithms import (
     resolve_loss_agg,
 )
 from gspo_cli.algorithms.kl import kl_reward_advantages
-from gspo_cli.models.forward.batch import TrainBatch, build_train_batch
+from gspo_cli.models.forward.batch import (
+    TrainBatch,
+    build_train_batch,
+    check_sampled_ids,
+    turn_ids,
+)
 from gspo_cli.rollout.base import RolloutEngine
 from gspo_cli.train.engines.distributed import LOCAL, DistContext
 from gspo_cli.train.engines.torch_engine import LogprobModel, TrainEngine
@@ -55,6 +60,7 @@ def _micro_batch_loss(
     loss_mask: torch.Tensor,
     weights: torch.Tensor | None,
     norm: float,
+    turns: torch.Tensor | None,
 ) -> torch.Tensor:
     """The policy loss of rows `index` (`logprobs` `[m, width]`), normalised by the whole
     minibatch's `norm`; its metrics go to `parts`."""
@@ -86,6 +92,7 @@ def _micro_batch_loss(
         entropy_coef=algo.entropy_coef,
         token_weights=None if weights is None else weights[index, :width].to(device),
         options=LossOptions(sapo_tau_pos=algo.sapo_tau_pos, sapo_tau_neg=algo.sapo_tau_neg),
+        turns=None if turns is None else turns[index, :width].to(device),
     )
     if entropy is not None:
         parts["entropy"].append(float((entropy.detach() * mask).sum() / tokens))
@@ -155,6 +162,7 @@ class _Prepared:
     kl_metrics: dict[str, float] = field(default_factory=dict)  # KL in the reward
     old: OldPolicy = field(init=False)
     loss_mask: torch.Tensor = field(init=False)  # [N, T] pi_old's mask, rows out of the loss 0
+    turns: torch.Tensor | None = None  # [N, T] model turns, with sequence_unit: turn
 
     def set_old(self, old: OldPolicy) -> None:
         self.old = old
@@ -175,6 +183,7 @@ def _prepare(
     algo, params = settings.algorithm, settings.sampling
     g, rollout = params.num_samples, scored.rollout
     batch = build_train_batch(rollout, settings.pad_id)
+    check_sampled_ids(batch, rollout)  # token in, token out: every step
     n, row_width = batch.input_ids.shape
     if ctx.world > 1 and g % algo.minibatches:
         raise ValueError("with several processes, algorithm.minibatches must divide group_size")
@@ -183,7 +192,7 @@ def _prepare(
     plan_for = partial(
         plan_step,
         batch.attention_mask[:, : batch.prompt_width].sum(dim=1),  # [N] prompt lengths
-        batch.response_mask.sum(dim=1),  # [N] response lengths
+        batch.attention_mask[:, batch.prompt_width :].sum(dim=1),  # [N] response lengths
         splits,
         caps=(
             settings.micro_batch_size or n // algo.minibatches,
@@ -210,6 +219,8 @@ def _prepare(
         engine, batch, plan.forward, temperature, routing, ctx, engine_logprobs_of(rollout, batch)
     )
     prepared = _Prepared(batch, splits, plan, routing, inputs, in_loss, advantages)
+    if algo.sequence_unit == "turn":
+        prepared.turns = turn_ids(batch.response_mask)
     prepared.set_old(pi_old(inputs, algo, settings.use_engine_logprobs))
     if ref_engine is not None:
         prepared.ref_lp = forward_no_grad(ref_engine, batch, plan.forward, temperature)
@@ -276,7 +287,8 @@ def _updates(
     ):
         # every row in the loss counts in the normaliser, trained or not: the gradient stays
         agg = resolve_loss_agg(algo.name, algo.loss_agg)  # resolved by the recipe already
-        norm = ctx.all_reduce_sum(loss_normalizer(prep.loss_mask[minibatch], agg))
+        turns = None if prep.turns is None else prep.turns[minibatch]
+        norm = ctx.all_reduce_sum(loss_normalizer(prep.loss_mask[minibatch], agg, turns))
         minibatch_loss, bad_minibatch = 0.0, False
         for part, (index, filler) in enumerate(micro_batches):
             sub = batch.select(index).trimmed()
@@ -298,7 +310,7 @@ def _updates(
                 loss = _micro_batch_loss(
                     parts, settings, number == 0, prep.old.from_engine, logprobs, entropy, index,
                     width, prep.old.logprobs, prep.ref_lp, prep.advantages, prep.loss_mask,
-                    prep.old.weights, norm,
+                    prep.old.weights, norm, prep.turns,
                 )  # fmt: skip
                 aux = routing.aux_loss(router_logits, sub)
                 if aux is not None:  # the minibatch's mean over micro-batches and ranks
