@@ -104,8 +104,11 @@ def render_prompt(
     prompt: Prompt,
     fmt: PromptSettings = PLAIN,
     where: str = "prompt",
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[int]:
-    """Token ids of one prompt (module docstring); GspoError naming `where` when it fails."""
+    """Token ids of one prompt (module docstring); GspoError naming `where` when it fails.
+    `tools` (JSON schemas) go to the chat template, which shows them to the model (tool use
+    with format: chat_template); None renders exactly as before."""
     if fmt.chat_template == "none":
         if not isinstance(prompt, str):
             raise GspoError(f"{where}: a conversation needs a chat template (data.chat_template)")
@@ -116,11 +119,13 @@ def render_prompt(
         messages = prompt_messages(prompt, fmt)
     except ValueError as exc:
         raise GspoError(f"{where}: {exc}") from None
+    shown: dict[str, Any] = {} if tools is None else {"tools": [dict(tool) for tool in tools]}
     try:
         text = tokenizer.apply_chat_template(
             messages,
             tokenize=False,
             add_generation_prompt=True,
+            **shown,
             **dict(fmt.chat_template_kwargs),
         )
     except Exception as exc:  # a template is user code (jinja): any failure is this prompt's

@@ -1,0 +1,362 @@
+"""Users' tools, as TRL has them: plain functions (`tools=`) and an environment class
+(`environment_factory=`), described to the model by JSON schemas made from their signatures and
+Google-style docstrings (transformers' `get_json_schema`, the convention chat templates read).
+
+An environment class takes no `__init__` arguments; `reset(**row)` is optional and runs once
+before its first call (with the dataset row's fields it names, all with **kwargs); `get_reward()` is optional and scores the trajectory; every other public
+method is a tool. One instance per trajectory (`FunctionToolbox`).
+
+Loading problems (a module that is missing, a tool without a schema, two tools with one name)
+are one-line GspoErrors naming the import path; a tool failing at run time is answered to the
+model as an error result, never raised. The environment's own life (`__init__`, `reset`,
+`get_reward`) failing is the user's bug and stops the run with one line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from transformers.utils.chat_template_utils import get_json_schema
+
+from gspo_cli.errors import GspoError
+from gspo_cli.rewards.import_probe import probe_import
+from gspo_cli.rollout.tools.base import ToolCall, ToolResult, cut_output
+from gspo_cli.rollout.tools.interpreter import PYTHON
+from gspo_cli.tool_settings import ToolSettings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from gspo_cli.rollout.tools.interpreter import PythonInterpreter
+
+FUNCTIONS = "rollout.tools.functions"
+ENVIRONMENT = "rollout.tools.environment"
+LIFECYCLE = frozenset({"reset", "get_reward"})  # an environment's methods that are not tools
+
+
+def python(code: str) -> str:
+    """Run Python code; print what you want to see.
+
+    Args:
+        code: The Python code to run; earlier code of this conversation has run before it.
+    """
+    raise NotImplementedError  # a schema only: PythonInterpreter runs the calls
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _import(path: str, section: str) -> Any:
+    """The object `path` ("module:name" or "module.name") names, with the working folder on
+    the import path as for reward functions; GspoError naming `section` and `path`."""
+    module_name, _, attr = path.rpartition(":") if ":" in path else path.rpartition(".")
+    if not module_name or not attr:
+        raise GspoError(f"{section}: {path!r} is not an import path (write module:name)")
+    folder = os.getcwd()
+    if folder not in sys.path:  # the console script's path starts at its own bin folder
+        sys.path.append(folder)
+    try:
+        probe_import(path, module_name)  # in a child first: an exit or a hang there is one line
+    except ValueError as exc:  # its message starts "reward 'PATH': "; the rest is the problem
+        raise GspoError(f"{section}: {path!r}: {str(exc).partition(': ')[2]}") from None
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise GspoError(f"{section}: {path!r}: cannot import {module_name!r} ({exc})") from None
+    except Exception as exc:  # user code: any import failure means "cannot use this tool"
+        raise GspoError(
+            f"{section}: {path!r}: importing {module_name!r} failed ({_first_line(exc)})"
+        ) from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise GspoError(f"{section}: {path!r}: {module_name!r} has no {attr!r}") from None
+
+
+def schema_of(fn: Callable[..., Any], section: str, path: str) -> dict[str, Any]:
+    """`fn`'s tool schema (get_json_schema; `self` of an unbound method is skipped)."""
+    try:
+        return get_json_schema(fn)
+    except Exception as exc:  # its parsing exceptions, or an unresolvable type hint
+        raise GspoError(
+            f"{section}: {path!r}: no tool schema can be made ({_first_line(exc)}); a tool "
+            "needs type hints and a Google-style docstring with an Args: line per argument"
+        ) from None
+
+
+def load_functions(
+    paths: tuple[str, ...], *, interpreter: bool = False
+) -> dict[str, Callable[..., Any]]:
+    """The functions `paths` name, by tool name (the function's `__name__`), each checked to
+    have a schema; GspoError for a problem, or two tools with one name ("python" is the
+    interpreter's when it is on)."""
+    found: dict[str, Callable[..., Any]] = {}
+    where: dict[str, str] = {}
+    for path in paths:
+        fn = _import(path, FUNCTIONS)
+        if not callable(fn) or inspect.isclass(fn):
+            raise GspoError(f"{FUNCTIONS}: {path!r} is not a function")
+        schema_of(fn, FUNCTIONS, path)
+        name = fn.__name__
+        if name == PYTHON and interpreter:
+            raise GspoError(
+                f"{FUNCTIONS}: {path!r}: the tool name 'python' is the interpreter's "
+                "(rename the function, or set rollout.tools.interpreter: null)"
+            )
+        if name in found:
+            raise GspoError(f"{FUNCTIONS}: {where[name]!r} and {path!r} are both named {name!r}")
+        found[name], where[name] = fn, path
+    return found
+
+
+def environment_tools(cls: type) -> dict[str, Callable[..., Any]]:
+    """An environment class's tools: its public functions but `reset` and `get_reward`, by
+    name (unbound: called with the instance)."""
+    return {
+        name: fn
+        for name, fn in inspect.getmembers(cls, inspect.isfunction)
+        if not name.startswith("_") and name not in LIFECYCLE
+    }
+
+
+def load_environment(path: str) -> type:
+    """The environment class `path` names, checked: a class, `__init__` without arguments,
+    callable `reset`/`get_reward` when present, at least one tool, a schema for each."""
+    cls = _import(path, ENVIRONMENT)
+    if not inspect.isclass(cls):
+        raise GspoError(f"{ENVIRONMENT}: {path!r} is not a class")
+    try:
+        required = [
+            p.name
+            for p in inspect.signature(cls).parameters.values()
+            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+    except (TypeError, ValueError):  # no signature to read (a C class): it is called bare
+        required = []
+    if required:
+        raise GspoError(
+            f"{ENVIRONMENT}: {path!r}: __init__ must take no arguments (it takes "
+            f"{', '.join(required)}); per-row data goes to reset(**row)"
+        )
+    for name in LIFECYCLE:
+        if hasattr(cls, name) and not callable(getattr(cls, name)):
+            raise GspoError(f"{ENVIRONMENT}: {path!r}: {name} is not a method")
+    tools = environment_tools(cls)
+    if not tools:
+        raise GspoError(f"{ENVIRONMENT}: {path!r} has no public method to offer as a tool")
+    for name, fn in tools.items():
+        schema_of(fn, ENVIRONMENT, f"{path}.{name}")
+    return cls
+
+
+def tool_schemas(
+    functions: Mapping[str, Callable[..., Any]], environment_class: type | None, interpreter: bool
+) -> list[dict[str, Any]]:
+    """The schemas the chat template shows: the interpreter's `python(code)`, the functions,
+    the environment's methods, in that order; GspoError when two share a name."""
+    named: list[tuple[str, Callable[..., Any], str]] = []
+    if interpreter:
+        named.append((PYTHON, python, "rollout.tools.interpreter"))
+    named += [(name, fn, FUNCTIONS) for name, fn in functions.items()]
+    if environment_class is not None:
+        tools = environment_tools(environment_class)
+        named += [(name, fn, ENVIRONMENT) for name, fn in tools.items()]
+    seen: dict[str, str] = {}
+    for name, _, section in named:
+        if name in seen:
+            raise GspoError(f"two tools are named {name!r} ({seen[name]} and {section})")
+        seen[name] = section
+    return [schema_of(fn, section, name) for name, fn, section in named]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    done: bool  # False: still running at the deadline
+    value: Any = None
+    error: BaseException | None = None
+
+
+def _call_with_deadline(fn: Callable[[], Any], timeout_s: float, name: str) -> _Outcome:
+    """`fn()` in a worker thread, waited for up to `timeout_s`."""
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # all of it goes back to the caller, SystemExit included
+            box["error"] = exc
+
+    # A daemon thread: Python cannot stop a thread, so a call that never returns is left
+    # running; as a daemon it does not hold the process open at exit, and the toolbox that
+    # started it refuses every later call (it may hold the environment's state or locks).
+    thread = threading.Thread(target=work, name=f"gspo-tool-{name}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        return _Outcome(done=False)
+    return _Outcome(done=True, value=box.get("value"), error=box.get("error"))
+
+
+def result_text(value: Any) -> str:
+    """What the model is shown of a return value: JSON for dicts and lists, str() otherwise."""
+    if isinstance(value, dict | list):
+        try:
+            return json.dumps(value, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):  # circular, or keys JSON cannot hold
+            return str(value)
+    return str(value)
+
+
+def _accepted(fn: Callable[..., Any], row: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of `row` that `fn` takes by name (all of them when it takes **kwargs): a
+    row has columns (the prompt, the answer) a reset need not name."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: give it everything
+        return dict(row)
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return dict(row)
+    names = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {key: value for key, value in row.items() if key in names}
+
+
+def _refusal(text: str, seconds: float = 0.0) -> ToolResult:
+    """An error of gspo's own (a bad call, a timeout): short, and its start says what went
+    wrong, so it is never cut as a tool's output is."""
+    return ToolResult(text, True, seconds)
+
+
+class FunctionToolbox:
+    """The tools of one trajectory: plain functions, one environment instance (made, and
+    reset, at its first use) and the interpreter for calls named "python"."""
+
+    def __init__(
+        self,
+        settings: ToolSettings,
+        tokenizer: PreTrainedTokenizerBase,
+        functions: Mapping[str, Callable[..., Any]],
+        environment_class: type | None = None,
+        interpreter: PythonInterpreter | None = None,
+        row: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.environment_class = environment_class
+        self.interpreter = interpreter
+        self.row = dict(row or {})  # reset(**row): the dataset row's fields, as in TRL
+        self.environment: Any = None
+        self.functions = dict(functions)
+        self.methods = (
+            () if environment_class is None else tuple(environment_tools(environment_class))
+        )
+        self.broken: str | None = None  # why every later call is refused (a hung call)
+
+    @property
+    def names(self) -> list[str]:
+        python = [PYTHON] if self.interpreter is not None else []
+        return [*python, *self.functions, *self.methods]
+
+    def run(self, calls: list[ToolCall]) -> list[ToolResult]:
+        return [self._run_one(call) for call in calls]
+
+    def _run_one(self, call: ToolCall) -> ToolResult:
+        if call.error is not None:
+            return _refusal(call.error)
+        if self.broken is not None:
+            return _refusal(self.broken)
+        if call.name == PYTHON and self.interpreter is not None:
+            code = call.arguments.get("code")
+            if set(call.arguments) != {"code"} or not isinstance(code, str):
+                return _refusal("python takes one argument: code (a string)")
+            return self.interpreter.run_code(code)
+        if call.name in self.methods:
+            self._ensure_environment()
+            fn = getattr(self.environment, call.name)
+        elif call.name in self.functions:
+            fn = self.functions[call.name]
+        else:
+            known = ", ".join(self.names) or "none"
+            return _refusal(f"unknown tool {call.name!r}; the tools are: {known}")
+        try:
+            inspect.signature(fn).bind(**call.arguments)
+        except TypeError as exc:
+            return _refusal(f"bad arguments for {call.name}: {exc}")
+        start = time.perf_counter()
+        outcome = _call_with_deadline(
+            lambda: fn(**call.arguments), self.settings.timeout_s, call.name
+        )
+        seconds = time.perf_counter() - start
+        if not outcome.done:
+            self.broken = (
+                f"the tools are unavailable: an earlier call ({call.name}) ran past "
+                f"{self.settings.timeout_s:g} s"
+            )
+            text = f"TimeoutError: tool {call.name} ran past {self.settings.timeout_s:g} s"
+            return _refusal(text, seconds)
+        if outcome.error is not None:
+            text = f"{type(outcome.error).__name__}: {outcome.error}"
+            return self._result(text, error=True, seconds=seconds)
+        return self._result(result_text(outcome.value), error=False, seconds=seconds)
+
+    def _result(self, text: str, error: bool, seconds: float) -> ToolResult:
+        """The tool's own output (a return value, an exception), cut to output_max_tokens."""
+        shown, cut = cut_output(
+            text, self.tokenizer, self.settings.output_max_tokens, self.settings.output_truncation
+        )
+        return ToolResult(shown, error, seconds, cut)
+
+    def _lifecycle(self, what: str, fn: Callable[[], Any]) -> Any:
+        """`fn()` (the environment's own code) under the deadline; GspoError when it fails."""
+        outcome = _call_with_deadline(fn, self.settings.timeout_s, what)
+        if not outcome.done:
+            raise GspoError(f"{ENVIRONMENT}: {what} ran past {self.settings.timeout_s:g} s")
+        if outcome.error is not None:
+            raise GspoError(f"{ENVIRONMENT}: {what} failed ({_first_line(outcome.error)})")
+        return outcome.value
+
+    def _ensure_environment(self) -> None:
+        """The trajectory's environment, made and reset at its first use."""
+        if self.environment is not None or self.environment_class is None:
+            return
+        cls = self.environment_class
+        environment = self._lifecycle(f"{cls.__name__}()", cls)
+        reset = getattr(environment, "reset", None)
+        if reset is not None:
+            row = _accepted(reset, self.row)
+            self._lifecycle(f"{cls.__name__}.reset()", lambda: reset(**row))
+        self.environment = environment
+
+    def reward(self) -> float | None:
+        """The environment's `get_reward()`; None without one, or after a hung call (the
+        environment cannot be asked while that call may still run in it)."""
+        cls = self.environment_class
+        if cls is None or getattr(cls, "get_reward", None) is None or self.broken is not None:
+            return None
+        self._ensure_environment()
+        value = self._lifecycle(f"{cls.__name__}.get_reward()", self.environment.get_reward)
+        try:
+            reward = float(value)
+        except (TypeError, ValueError):
+            reward = math.nan
+        if not math.isfinite(reward):
+            raise GspoError(
+                f"{ENVIRONMENT}: {cls.__name__}.get_reward() returned {value!r}; "
+                "it must return a finite number"
+            )
+        return reward
+
+    def close(self) -> None:
+        self.environment = None
+        self.interpreter = None
