@@ -66,6 +66,7 @@ def compute_policy_loss(
     Returns:
         A 0-dim loss to minimise, and metrics (floats, computed without grad).
     """
+    # long on purpose: the one public entry point, mostly its arguments and their docs.
     loss_fn = POLICY_LOSSES.get(algorithm)
     agg = resolve_loss_agg(algorithm, loss_agg)
     if clip_low <= 0 or clip_high <= 0:
@@ -78,13 +79,10 @@ def compute_policy_loss(
     zero_adv_groups = _zero_adv_group_frac(advantages, group_size)  # per response, not turn
     if turns is not None:  # one row per turn, every tensor of the loss alike
         rows, mask = split_turns(turns, mask)  # [R], [R, T]
-
-        def per_turn(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t[rows]
-
         logprobs, old_logprobs, advantages = logprobs[rows], old_logprobs[rows], advantages[rows]
-        ref_logprobs, token_weights = per_turn(ref_logprobs), per_turn(token_weights)
-        entropy = per_turn(entropy)
+        ref_logprobs, token_weights, entropy = (
+            None if t is None else t[rows] for t in (ref_logprobs, token_weights, entropy)
+        )
     token_adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     token_adv = token_adv.to(logprobs.dtype).expand_as(logprobs).detach()  # [B, T]
 

@@ -3,6 +3,7 @@
 `slip_rate` makes the cold-start data imperfect the way real SFT data is: that share of
 worked solutions gets one step off by one, carried through to a wrong boxed answer. The
 reference `answer` is always right, so a verifier-driven RL stage can learn to stop slipping.
+`tool_rate` is the share that compute in a ```python block instead (for tool use).
 `unboxed_rate` is the share of solutions that end "Answer: N" instead of "\\boxed{N}": right
 or wrong, the maths verifier scores those 0, so RL has a format habit to unlearn as well.
 
@@ -17,6 +18,9 @@ import random
 from typing import Any, Protocol
 
 SPLIT_SALT = {"train": 0, "test": 1}
+# A worked solution that computes with the interpreter: the ```output block is exactly what
+# rollout.tools' interpreter appends (rollout/tools/interpreter.py), so that RL sees real ones.
+TOOL_SOLUTION = "```python\nprint({expression})\n```\n```output\n{value}\n```\n\\boxed{{{value}}}"
 
 
 class ArithmeticSettings(Protocol):
@@ -38,6 +42,8 @@ class ArithmeticSettings(Protocol):
     def slip_rate(self) -> float: ...
     @property
     def unboxed_rate(self) -> float: ...
+    @property
+    def tool_rate(self) -> float: ...
 
 
 def _apply(a: int, op: str, b: int) -> int:
@@ -62,6 +68,8 @@ def make_problem(rng: random.Random, cfg: ArithmeticSettings) -> dict[str, Any]:
     unboxed = rng.random() < cfg.unboxed_rate
     final = f"Answer: {written}" if unboxed else f"\\boxed{{{written}}}"
     solution = "\n".join([*steps, final])
+    if cfg.tool_rate and rng.random() < cfg.tool_rate:  # drawn only when on: old seeds stay
+        solution = TOOL_SOLUTION.format(expression=expression, value=value)
     return {"prompt": f"Compute {expression}.", "answer": str(value), "solution": solution}
 
 

@@ -32,6 +32,7 @@ from gspo_cli.eval.summary import codeforces_elo, summarize
 from gspo_cli.models.loading import convert_first
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
+from gspo_cli.rollout.tools.build import tool_schemas_for
 from gspo_cli.run_folder import (
     RESULTS,
     SAMPLES,
@@ -178,6 +179,7 @@ def _sample_and_judge(
                     prompt_format=settings.prompt_format,
                     on_done=finished,
                     skip=set(done),
+                    tools=None if settings.tools is None else tool_schemas_for(settings.tools),
                 )
         finally:
             engine.close()
@@ -219,6 +221,7 @@ def generate_and_judge(
     prompt_format: PromptSettings = PLAIN,
     on_done: Callable[[dict[str, Any]], None] | None = None,
     skip: set[str] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Sample `params.num_samples` responses per problem and judge them, in bounded batches.
 
@@ -243,6 +246,7 @@ def generate_and_judge(
                 list(p.messages) if p.messages is not None else prompt_for(p),
                 prompt_format,
                 f"{p.benchmark}: problem {p.id}",
+                tools=tools,
             )
             for p in batch
         ]

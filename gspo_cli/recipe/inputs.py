@@ -118,6 +118,13 @@ class ArithmeticTaskConfig(Section):
     unboxed_rate: float = Field(
         0.0, ge=0, le=1, description="Share of worked solutions ending 'Answer: N', not \\boxed{N}."
     )
+    tool_rate: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of worked solutions that compute in a ```python block and box its "
+        "output (for rollout.tools; docs/tools.md).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ArithmeticTaskConfig:

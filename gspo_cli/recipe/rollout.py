@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 from functools import partial
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from gspo_cli.errors import GspoError
 from gspo_cli.recipe.section import Section, registered
 from gspo_cli.tool_settings import ToolSettings
 
@@ -86,6 +88,17 @@ class ToolsConfig(Section):
             raise ValueError(
                 "rollout.tools has nothing to call: set interpreter, functions or environment"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _tools_load(self) -> ToolsConfig:
+        # Users' tools are imported and their schemas made now, so that a bad path is one line
+        # at validate time. By name: rollout/ loads torch and the engines, after the recipe.
+        build = importlib.import_module("gspo_cli.rollout.tools.build")
+        try:
+            build.tool_schemas_for(self.settings(allow_weak_isolation=False))
+        except GspoError as exc:
+            raise ValueError(str(exc)) from None
         return self
 
     def settings(self, allow_weak_isolation: bool) -> ToolSettings:

@@ -41,9 +41,16 @@ class ToolResult:
 class ToolFormat(Protocol):
     """How calls appear in the model's text and how results become environment tokens."""
 
-    # A model turn ends where its response text first matches `stop` (a complete call); None:
-    # at end-of-turn only (chat templates: the call is in the finished turn).
-    stop: re.Pattern[str] | None
+    @property
+    def stop(self) -> re.Pattern[str] | None:
+        """A model turn ends where its response text first matches (a complete call); None:
+        at end-of-turn only (chat templates: the call is in the finished turn)."""
+        ...
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """Where an engine that knows only literal stop strings may end a turn early."""
+        ...
 
     def calls(self, turn_text: str, ended: bool) -> list[ToolCall]:
         """The calls in one model turn (`ended`: it ended with end-of-turn); [] = no call, the

@@ -3,8 +3,9 @@
 Google-style docstrings (transformers' `get_json_schema`, the convention chat templates read).
 
 An environment class takes no `__init__` arguments; `reset(**row)` is optional and runs once
-before its first call (with the dataset row's fields it names, all with **kwargs); `get_reward()` is optional and scores the trajectory; every other public
-method is a tool. One instance per trajectory (`FunctionToolbox`).
+before its first call (with the dataset row's fields it names, all with **kwargs);
+`get_reward()` is optional and scores the trajectory; every other public method is a tool.
+One instance per trajectory (`FunctionToolbox`).
 
 Loading problems (a module that is missing, a tool without a schema, two tools with one name)
 are one-line GspoErrors naming the import path; a tool failing at run time is answered to the

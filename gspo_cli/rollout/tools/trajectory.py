@@ -57,12 +57,14 @@ def turn_seed(response_seed: int, turn: int) -> int:
 def call_cut(ids: list[int], tokenizer: PreTrainedTokenizerBase, fmt: ToolFormat) -> int | None:
     """The length of the shortest prefix of a turn's `ids` whose text holds a complete call
     (`fmt.stop`), or None. A longer prefix holds it too, so a binary search finds it."""
-    if fmt.stop is None or not fmt.stop.search(tokenizer.decode(ids, skip_special_tokens=True)):
+    if fmt.stop is None or not fmt.stop.search(
+        str(tokenizer.decode(ids, skip_special_tokens=True))
+    ):
         return None
     low, high = 1, len(ids)  # decode(ids[:high]) matches
     while low < high:
         middle = (low + high) // 2
-        if fmt.stop.search(tokenizer.decode(ids[:middle], skip_special_tokens=True)):
+        if fmt.stop.search(str(tokenizer.decode(ids[:middle], skip_special_tokens=True))):
             high = middle
         else:
             low = middle + 1
@@ -127,7 +129,7 @@ class ToolUseEngine:
             params,
             num_samples=1,
             max_new_tokens=max(params.max_new_tokens - len(t.ids) for t in active),
-            stop=tuple(getattr(self.fmt, "stop_strings", ())) if calling else (),
+            stop=self.fmt.stop_strings if calling else (),
         )
         seeds = None
         if active[0].seed is not None:
@@ -142,9 +144,8 @@ class ToolUseEngine:
             self._append(t, ids, out, i, from_tool=False)
             calls = []
             if t.trace.calls < limit and (cut is not None or t.ended):
-                calls = self.fmt.calls(
-                    self.tokenizer.decode(ids, skip_special_tokens=False), t.ended
-                )
+                text = str(self.tokenizer.decode(ids, skip_special_tokens=False))
+                calls = self.fmt.calls(text, t.ended)
             if calls:
                 pending.append((t, self._within_limit(t, calls)))
             elif t.ended or len(t.ids) >= params.max_new_tokens:
@@ -202,7 +203,7 @@ class ToolUseEngine:
                 dtype = next((p.dtype for p in t.logprobs if p.dtype == torch.float64), None)
                 pieces = [p.to(dtype or torch.float32) for p in t.logprobs]
                 batch.completion_logprobs.append(torch.cat(pieces) if pieces else torch.zeros(0))
-            batch.texts.append(self.tokenizer.decode(t.ids, skip_special_tokens=True))
+            batch.texts.append(str(self.tokenizer.decode(t.ids, skip_special_tokens=True)))
             batch.truncated.append(not t.ended)
             batch.from_tool.append(t.from_tool)
             reward = t.toolbox.reward() if t.toolbox is not None else None

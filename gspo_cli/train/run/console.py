@@ -13,6 +13,7 @@ LIVE_KEYS = (
     ("clip_frac", "clip", "{:.3f}"),
     ("entropy", "ent", "{:.2f}"),
     ("response_len_mean", "len", "{:.1f}"),
+    ("tool_calls_per_response", "calls", "{:.2f}"),
     ("tokens_per_s", "tok/s", "{:.0f}"),
 )
 

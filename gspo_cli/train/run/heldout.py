@@ -44,6 +44,7 @@ def heldout_accuracy(
     seed: int,
     math_pool: MathVerifierPool,
     prompt_format: PromptSettings,
+    tools: list[dict[str, Any]] | None = None,
 ) -> dict[str, float]:
     """avg@k accuracy, share of problems solved at least once (pass@k), response statistics."""
     records = generate_and_judge(
@@ -55,6 +56,7 @@ def heldout_accuracy(
         math_pool=math_pool,
         prompt_for=lambda p: p.question,
         prompt_format=prompt_format,
+        tools=tools,  # a chat template's tool calls: prompts show the tools, as in training
     )
     k = params.num_samples
     metrics = summarize(records, k, problems[0].kind, seed)

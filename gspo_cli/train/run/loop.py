@@ -38,11 +38,7 @@ from gspo_cli.run_folder import (
 from gspo_cli.train.async_rollouts.trainer import AsyncRollouts, saved_in_flight
 from gspo_cli.train.engines.device import peak_memory_mb, resolve_device
 from gspo_cli.train.engines.torch_engine import UpdateFailed
-from gspo_cli.train.run.checkpoint import (
-    checkpoint_at_or_before,
-    latest_checkpoint,
-    roll_back_to,
-)
+from gspo_cli.train.run.checkpoint import checkpoint_at_or_before, latest_checkpoint, roll_back_to
 from gspo_cli.train.run.cold_start import load_recipe_model, run_cold_start
 from gspo_cli.train.run.console import TrainingDisplay
 from gspo_cli.train.run.folder import prepare_run_dir
@@ -100,6 +96,7 @@ def _evaluate(run: PreparedRun, step: int) -> float:
         run.recipe.trainer.seed + 7,
         run.math_pool,
         eval_format(run.recipe),
+        run.tool_schemas,
     )
     run.log.evaluation(step, values)
     if step > 0:  # step 0 is reported as "before RL"

@@ -50,7 +50,7 @@ from gspo_cli.train.run.cold_start import load_recipe_model, run_cold_start
 from gspo_cli.train.run.folder import prepare_run_dir
 from gspo_cli.train.run.guard import rollback_target
 from gspo_cli.train.run.log import RunLog, start_wandb
-from gspo_cli.train.run.problem_sets import Problems, run_problems
+from gspo_cli.train.run.problem_sets import Problems, run_problems, tool_prompts
 from gspo_cli.train.run.reference import BaseReference, reference_state
 from gspo_cli.train.run.resume import resume_changes, resume_from_checkpoint
 from gspo_cli.train.run.signals import StopRequest
@@ -83,6 +83,11 @@ class PreparedRun:
     stop: StopRequest  # set by SIGTERM; see stop_at_boundary
     start: int = 0  # the last step already done when this process began (0 for a new run)
     rollouts: AsyncRollouts | None = None  # rollout.max_staleness > 0: the rollout worker
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        """The tools prompts show (a chat template's tool calls), else None."""
+        return tool_prompts(self.recipe)
 
     def close(self) -> None:
         if self.rollouts is not None:

@@ -20,6 +20,7 @@ from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import text_answer_readers
 from gspo_cli.rollout import SamplingParams
+from gspo_cli.rollout.tools.build import tool_schemas_for
 from gspo_cli.train.run.heldout import rows_as_problems
 
 
@@ -47,6 +48,12 @@ def run_problems(recipe: Recipe, tokenizer: PreTrainedTokenizerBase) -> RunProbl
     return RunProblems(train, heldout, list(dict.fromkeys(notes)))
 
 
+def tool_prompts(recipe: Recipe) -> list[dict[str, Any]] | None:
+    """The tool schemas prompts show (a chat template's tool calls), else None."""
+    tools = recipe.tool_settings()
+    return None if tools is None else tool_schemas_for(tools)
+
+
 def load_problems(recipe: Recipe, tokenizer: PreTrainedTokenizerBase, split: str) -> Problems:
     """The training rows (`split` "train") or the held-out rows (any other), as token ids."""
     data = recipe.data
@@ -54,8 +61,11 @@ def load_problems(recipe: Recipe, tokenizer: PreTrainedTokenizerBase, split: str
     if not rows:
         raise GspoError(f"data: the {split} split is empty")
     name = "training" if split == "train" else "held-out"
+    schemas = tool_prompts(recipe)
     prompts = [
-        render_prompt(tokenizer, r["prompt"], data, f"data: {name} row {i} ({_preview(r)})")
+        render_prompt(
+            tokenizer, r["prompt"], data, f"data: {name} row {i} ({_preview(r)})", tools=schemas
+        )
         for i, r in enumerate(rows)
     ]
     keep = [i for i, p in enumerate(prompts) if len(p) <= data.max_prompt_tokens]

@@ -9,6 +9,7 @@ from gspo_cli.algorithms import (
 )
 from gspo_cli.algorithms.advantages import zero_signal_groups
 from gspo_cli.recipe.algorithm import AlgorithmConfig
+from gspo_cli.rollout_batch import RolloutBatch
 from gspo_cli.train.engines.metric_rules import combine
 from gspo_cli.train.step.micro import StepPlan
 from gspo_cli.train.step.scored import ScoredGroups
@@ -104,4 +105,24 @@ def summarise(
         completion_tokens=float(rollout.num_completion_tokens),
         tokens_per_s=rollout.num_completion_tokens / max(time_step_s, 1e-9),
     )
+    out.update(tool_metrics(rollout))
     return out
+
+
+def tool_metrics(rollout: RolloutBatch) -> dict[str, float]:
+    """Tool use (rollout.tools): calls and failed calls per response, the share of calls that
+    failed, tool seconds per step, results cut to output_max_tokens, trajectories a result did
+    not fit in, and tool tokens per response; {} without tools."""
+    traces = rollout.tool_traces
+    if not traces:
+        return {}
+    n, calls = len(traces), sum(t.calls for t in traces)
+    return {
+        "tool_calls_per_response": calls / n,
+        "tool_errors_per_response": sum(t.errors for t in traces) / n,
+        "tool_error_frac": sum(t.errors for t in traces) / max(calls, 1),
+        "tool_time_s": sum(t.seconds for t in traces),
+        "tool_outputs_cut": float(sum(t.cut_outputs for t in traces)),
+        "tool_budget_ended_frac": sum(t.ended_by_budget for t in traces) / n,
+        "tool_tokens_per_response": sum(t.tool_tokens for t in traces) / n,
+    }
