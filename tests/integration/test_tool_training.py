@@ -1,0 +1,103 @@
+"""`gspo train` with rollout.tools end to end: a tiny model cold-started on solutions that
+compute in a ```python block calls the interpreter while it trains; a killed run resumes
+record for record; bad tool settings are one line at validate time."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gspo_cli.recipe import deep_merge, load_recipe
+from gspo_cli.run_folder import COLD_START
+from gspo_cli.train.run.loop import run_sft_only
+from tests.helpers import REPO, invoke_cli, one_error_line, run_cli, write_recipe
+
+TOOL_TASK = {
+    "data": {"arithmetic": {"tool_rate": 1.0, "unboxed_rate": 0.0}},
+    "rollout": {"max_new_tokens": 64, "tools": {"output_max_tokens": 16, "max_calls": 2}},
+}
+
+
+@pytest.fixture(scope="module")
+def tool_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model that has seen only solutions computed with the interpreter."""
+    folder = tmp_path_factory.mktemp("tool-sft")
+    cold = {"cold_start": {"enabled": True, "steps": 200, "lr": 3e-3, "batch_size": 16}}
+    recipe_file = write_recipe(folder, deep_merge(TOOL_TASK, cold))
+    run_sft_only(load_recipe(recipe_file), recipe_file.read_text(), run_dir=folder / "run")
+    return folder / "run" / COLD_START
+
+
+def tool_recipe(folder: Path, checkpoint: Path, **overrides: object) -> Path:
+    base = deep_merge(TOOL_TASK, {"model": {"path": str(checkpoint)}})
+    return write_recipe(folder, deep_merge(base, overrides))
+
+
+def records(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_training_calls_the_interpreter_and_logs_it(tool_checkpoint: Path, tmp_path: Path) -> None:
+    recipe = tool_recipe(tmp_path, tool_checkpoint, trainer={"steps": 2})
+    result = run_cli("train", str(recipe), "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    metrics = records(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(float(m["tool_calls_per_response"]) > 0.5 for m in metrics)  # type: ignore[arg-type]
+    for key in ("tool_error_frac", "tool_time_s", "tool_budget_ended_frac", "tool_outputs_cut"):
+        assert key in metrics[0]
+    texts = [str(s["completion"]) for s in records(tmp_path / "run" / "samples.jsonl")]
+    assert any("```output\n" in t for t in texts)  # the sandbox's answers are in the responses
+    assert "calls " in result.stdout  # the console line shows calls per response
+
+
+def test_a_killed_tool_run_resumes_record_for_record(tool_checkpoint: Path, tmp_path: Path) -> None:
+    recipe = tool_recipe(tmp_path, tool_checkpoint, trainer={"steps": 4, "checkpoint_every": 2})
+    straight = tmp_path / "straight"
+    assert run_cli("train", str(recipe), "--out", str(straight)).returncode == 0
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gspo_cli.cli", "train", str(recipe), "--out", str(killed)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    latest = killed / "checkpoints" / "latest"
+    deadline = time.monotonic() + 300
+    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
+    result = run_cli("train", str(recipe), "--out", str(killed), "--resume")
+    assert result.returncode == 0, result.stderr[-2000:]
+    a, b = records(straight / "samples.jsonl"), records(killed / "samples.jsonl")
+    key = ("step", "completion", "reward")
+    assert [tuple(r[k] for k in key) for r in a] == [tuple(r[k] for k in key) for r in b]
+    calls = [m["tool_calls_per_response"] for m in records(killed / "metrics.jsonl")]
+    assert calls == [m["tool_calls_per_response"] for m in records(straight / "metrics.jsonl")]
+
+
+@pytest.mark.parametrize(
+    "tools,expected",
+    [
+        ({"functions": ["json:dumps"]}, "needs format: chat_template"),
+        ({"format": "chat_template", "functions": ["no_such_module_x:f"]}, "no_such_module_x"),
+        ({"interpreter": None}, "nothing to call"),
+        ({"max_calls": -1}, "max_calls"),
+        ({"output_max_tokens": 64}, "output_max_tokens"),
+    ],
+)
+def test_bad_tool_settings_are_one_line_at_validate_time(
+    tools: dict[str, object], expected: str, tmp_path: Path
+) -> None:
+    recipe = write_recipe(tmp_path, deep_merge(TOOL_TASK, {"rollout": {"tools": tools}}))
+    result = invoke_cli("validate", str(recipe))
+    assert result.returncode == 2
+    assert expected in one_error_line(result)
