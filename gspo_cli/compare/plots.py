@@ -44,6 +44,7 @@ PLOTS: dict[str, tuple[str, str]] = {
     "response_len_mean": ("Mean response length", "tokens"),
     "expert_volatility": ("MoE expert-routing volatility", "share of routed experts changed"),
     "mismatch_token_abs_mean": ("Rollout engine vs trainer", "mean |delta log p| per token"),
+    "tool_calls_per_response": ("Tool calls per response", "calls"),
 }
 # Which verdicts are marked on which plot.
 MARKS = {

@@ -31,6 +31,8 @@ MEANS = (
     "mismatch_token_abs_mean",
     "mismatch_outside_clip_frac",
     "correction_masked_token_frac",
+    "tool_calls_per_response",
+    "tool_error_frac",
 )
 REWARD_FUNCTION = re.compile(r"reward/.+/mean")  # one reward function's mean per step
 HEADLINE = (

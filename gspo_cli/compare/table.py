@@ -176,6 +176,12 @@ def row_specs(cmp: Comparison) -> list[RowSpec]:
             _fmt("{:.1%}", "correction_masked_token_frac_mean"),
         ),
         RowSpec(
+            "tool calls / response",
+            "tool_calls_per_response",
+            _fmt("{:.2f}", "tool_calls_per_response_mean"),
+        ),
+        RowSpec("tool calls failed", "tool_error_frac", _fmt("{:.1%}", "tool_error_frac_mean")),
+        RowSpec(
             "throughput",
             "tokens_per_s",
             _fmt("{:,.0f} tok/s", "tokens_per_s_mean"),
