@@ -37,7 +37,11 @@ class FixedRolloutEngine:
         """Nothing to sync: the answers never change."""
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        seeds: list[int] | None = None,
+        **_: object,
     ) -> RolloutBatch:
         batch = RolloutBatch([], [], [], [], [])
         for prompt in prompts:

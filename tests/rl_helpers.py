@@ -62,7 +62,11 @@ class FixedRollout:
         pass
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        seeds: list[int] | None = None,
+        **_: object,
     ) -> RolloutBatch:
         return self.batch
 

@@ -203,6 +203,7 @@ def _registered_engine(settings: EvalSettings) -> EngineFactory:
             seed=settings.seed,
             tools=settings.tools,
             model_name=settings.checkpoint,
+            chat_template_kwargs=settings.chat_template_kwargs,
         )
         return make_rollout_engine(settings.engine, spec)
 

@@ -165,6 +165,12 @@ class Recipe(Section):
     @model_validator(mode="after")
     def _tool_checks(self) -> Recipe:
         tools = self.rollout.tools
+        uses_environment = any(f.name == "environment" for f in self.reward.functions)
+        if uses_environment and (tools is None or tools.environment is None):
+            raise ValueError(
+                "reward function environment scores with rollout.tools.environment's "
+                "get_reward(): set rollout.tools.environment"
+            )
         if tools is None:
             return self
         if self.algorithm.routing_replay == "rollout":

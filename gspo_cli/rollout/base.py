@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from gspo_cli.models.forward.capabilities import ModelCapabilities
 
 Weights = Callable[[], Iterable[tuple[str, torch.Tensor]]]
+Rows = Sequence[Mapping[str, Any]]  # one dataset row per prompt
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,15 @@ class RolloutEngine(Protocol):
     """Generates G responses per prompt with the current policy weights."""
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        seeds: list[int] | None = None,
+        rows: Rows | None = None,
     ) -> RolloutBatch:
         """`params.num_samples` responses per prompt; with `seeds`, prompt i's samples depend
-        only on seeds[i] (not on batching or on which rank generates them)."""
+        only on seeds[i] (not on batching or on which rank generates them). `rows`: prompt
+        i's dataset row, for a tool environment's reset (engines without tools ignore it)."""
         ...
 
     def sync_weights(self) -> None:
@@ -70,3 +76,5 @@ class EngineSpec:
     capabilities: ModelCapabilities | None = None
     tools: ToolSettings | None = None  # rollout.tools: the engine returns tool trajectories
     model_name: str = "the model"  # names the model in a one-line refusal
+    # the prompts' chat template variables (data.chat_template_kwargs): tool turns render alike
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)

@@ -35,5 +35,7 @@ def make_rollout_engine(name: str, spec: EngineSpec) -> RolloutEngine:
     from gspo_cli.rollout.tools.build import make_tool_parts
     from gspo_cli.rollout.tools.trajectory import ToolUseEngine
 
-    fmt, make_toolbox = make_tool_parts(spec.tools, spec.tokenizer, spec.model_name)
+    fmt, make_toolbox = make_tool_parts(
+        spec.tools, spec.tokenizer, spec.model_name, spec.chat_template_kwargs
+    )
     return ToolUseEngine(engine, spec.tokenizer, spec.tools, fmt, make_toolbox)

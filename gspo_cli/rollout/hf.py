@@ -25,7 +25,7 @@ from transformers import (
 
 from gspo_cli.models.forward.capabilities import ModelCapabilities, capabilities_of
 from gspo_cli.models.routing import ExpertRouting, Recording, RoutingError
-from gspo_cli.rollout.base import RolloutBatch, SamplingParams
+from gspo_cli.rollout.base import RolloutBatch, Rows, SamplingParams
 from gspo_cli.rollout.decode import decode_dropping_finished
 from gspo_cli.rollout.seeded import ExactSampling, row_seeds
 from gspo_cli.rollout.stop import StopStrings
@@ -129,7 +129,11 @@ class HFGenerateEngine:
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        seeds: list[int] | None = None,
+        rows: Rows | None = None,
     ) -> RolloutBatch:
         batch = RolloutBatch([], [], [] if params.logprobs else None, [], [])
         if params.routed_experts:

@@ -31,7 +31,7 @@ import torch
 
 from gspo_cli.errors import GspoError
 from gspo_cli.models.routing import is_moe
-from gspo_cli.rollout.base import EngineSpec, RolloutBatch, SamplingParams
+from gspo_cli.rollout.base import EngineSpec, RolloutBatch, Rows, SamplingParams
 
 DEFAULT_TIMEOUT_S = 600.0
 CPU_KV_CACHE_GB = 0.5
@@ -187,7 +187,11 @@ class VLLMEngine:
     # ---------------------------------------------------------------------------- sampling
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        seeds: list[int] | None = None,
+        rows: Rows | None = None,
     ) -> RolloutBatch:
         from vllm import SamplingParams as VLLMSampling
         from vllm.inputs import TokensPrompt

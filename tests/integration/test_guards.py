@@ -83,7 +83,7 @@ class _Recording:
         self.inner = inner
         self.calls: list[tuple[list[list[int]], int, list[str]]] = []
 
-    def generate(self, prompts: list[list[int]], params: Any, seeds: Any = None) -> Any:
+    def generate(self, prompts: list[list[int]], params: Any, seeds: Any = None, **_: Any) -> Any:
         out = self.inner.generate(prompts, params, seeds)
         self.calls.append((prompts, params.num_samples, list(out.texts)))
         return out

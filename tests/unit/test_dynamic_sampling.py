@@ -43,7 +43,11 @@ class RowEngine:
         pass
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        seeds: list[int] | None = None,
+        **_: object,
     ) -> RolloutBatch:
         batch = RolloutBatch([], [], None, [], [])
         for i, prompt in enumerate(prompts):

@@ -31,7 +31,11 @@ class ScriptedEngine:
         self.asked: list[tuple[list[list[int]], SamplingParams, list[int] | None]] = []
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        seeds: list[int] | None = None,
+        **_: object,
     ) -> RolloutBatch:
         self.asked.append((prompts, params, seeds))
         batch = RolloutBatch([], [], [] if params.logprobs else None, [], [])
@@ -58,7 +62,7 @@ def tool_engine(engine: object, **settings: object) -> ToolUseEngine:
         TOKENIZER,
         tools,
         CodeBlockFormat(TOKENIZER),
-        lambda: PythonInterpreter(tools, TOKENIZER),
+        lambda row=None: PythonInterpreter(tools, TOKENIZER),
     )
 
 
@@ -120,7 +124,7 @@ def test_a_result_that_does_not_fit_ends_the_trajectory_and_is_counted() -> None
 
 def test_a_failing_call_is_answered_and_counted() -> None:
     class Failing(ScriptedEngine):
-        def generate(self, prompts, params, seeds=None):  # type: ignore[no-untyped-def]
+        def generate(self, prompts, params, seeds=None, **_):  # type: ignore[no-untyped-def]
             batch = super().generate(prompts, params, seeds)
             if "```output" not in TOKENIZER.decode(prompts[0]):
                 batch.completion_ids[0] = ids("```python\n1/0\n```")
@@ -159,3 +163,85 @@ def test_hf_stop_strings_end_a_response_where_the_unstopped_one_goes_on() -> Non
             assert text.endswith("e")  # ends right at the stop string
             assert not stopped.truncated[i] and tokens[-1] != TOKENIZER.eos_token_id
     assert hits > 0  # a random tiny model writes an "e" within 40 characters
+
+
+ENVIRONMENT = '''
+class Counter:
+    """Counts calls; rewards a trajectory that added to its row's target."""
+
+    def __init__(self):
+        self.total = None
+        self.target = None
+
+    def reset(self, target):
+        self.target, self.total = target, 0
+
+    def add(self, a: int, b: int) -> int:
+        """Add two numbers.
+
+        Args:
+            a: the first
+            b: the second
+        """
+        self.total += a + b
+        return self.total
+
+    def get_reward(self):
+        return 1.0 if self.total == self.target else 0.0
+'''
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'
+
+
+class ChatEngine(ScriptedEngine):
+    """Calls the environment's `add` once in the chat template's form, then answers."""
+
+    def generate(self, prompts, params, seeds=None, **_):  # type: ignore[no-untyped-def]
+        batch = super().generate(prompts, params, seeds)
+        for i, prompt in enumerate(prompts):
+            called = "<tool_response>" in TOKENIZER.decode(prompt)
+            batch.completion_ids[i] = ids("\\boxed{5}<|im_end|>" if called else CALL)
+        return batch
+
+
+def test_chat_template_calls_reach_the_environment_and_its_reward_the_rewards(
+    tmp_path,
+    monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    from gspo_cli.recipe.reward import RewardConfig
+    from gspo_cli.rewards.math_verifier import MathVerifierPool
+    from gspo_cli.rollout.tools.build import make_tool_parts
+    from gspo_cli.rollout.tools.templates import HERMES_TOOL_TEMPLATE
+    from gspo_cli.train.step.collect import collect_groups
+    from gspo_cli.train.step.rewards import RewardModel, RewardServices
+    from tests.rl_helpers import tiny_step
+
+    (tmp_path / "counter_env.py").write_text(ENVIRONMENT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = HERMES_TOOL_TEMPLATE
+    tools = ToolSettings(
+        format="chat_template", interpreter=None, environment="counter_env:Counter"
+    )
+    fmt, make_toolbox = make_tool_parts(tools, tokenizer, "tiny")
+    engine = ToolUseEngine(ChatEngine(), tokenizer, tools, fmt, make_toolbox)
+    prompt = ids("<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n")
+    rows = [
+        {"prompt": "Q", "answer": "5", "target": 5},
+        {"prompt": "Q", "answer": "5", "target": 6},
+    ]
+    reward = RewardModel(
+        RewardConfig(functions=[{"name": "environment"}]),
+        RewardServices(math_pool=MathVerifierPool(1, 5.0)),
+    )
+    params = SamplingParams(max_new_tokens=200, num_samples=2)
+    scored = collect_groups(engine, reward, [prompt, prompt], rows, tiny_step(sampling=params))
+    out = scored.rollout
+    assert out.from_tool is not None and out.tool_traces is not None
+    assert scored.rewards == [1.0, 1.0, 0.0, 0.0]  # reset saw each row's target
+    assert [t.calls for t in out.tool_traces] == [1, 1, 1, 1]
+    # the model's ids are the engine's; the tool turn is the template's rendering of it
+    tool_ids = [t for t, f in zip(out.completion_ids[0], out.from_tool[0], strict=True) if f]
+    model_ids = [t for t, f in zip(out.completion_ids[0], out.from_tool[0], strict=True) if not f]
+    assert model_ids == ids(CALL) + ids("\\boxed{5}<|im_end|>")
+    assert "<tool_response>\n5\n</tool_response>" in TOKENIZER.decode(tool_ids)
+    assert TOKENIZER.decode(tool_ids).endswith("<|im_start|>assistant\n")

@@ -15,15 +15,15 @@ call drops only tokens sampled after it, and each turn is seeded from (response 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from gspo_cli.rewards.code.judge import default_pool
-from gspo_cli.rollout.base import RolloutEngine, SamplingParams
+from gspo_cli.rollout.base import RolloutEngine, Rows, SamplingParams
 from gspo_cli.rollout.seeded import row_seeds
 from gspo_cli.rollout.tools.base import Toolbox, ToolCall, ToolFormat, ToolResult, ToolSettings
 from gspo_cli.rollout_batch import RolloutBatch, ToolTrace
@@ -80,7 +80,7 @@ class ToolUseEngine:
         tokenizer: PreTrainedTokenizerBase,
         settings: ToolSettings,
         fmt: ToolFormat,
-        make_toolbox: Callable[[], Toolbox],
+        make_toolbox: Callable[[Mapping[str, Any] | None], Toolbox],
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -96,7 +96,11 @@ class ToolUseEngine:
         self.engine.close()
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        seeds: list[int] | None = None,
+        rows: Rows | None = None,
     ) -> RolloutBatch:
         g = params.num_samples
         response_seeds = None if seeds is None else row_seeds(seeds, g)
@@ -105,8 +109,8 @@ class ToolUseEngine:
             for i, prompt in enumerate(prompts)
             for j in range(g)
         ]
-        for t in trajectories:  # one each, for its whole life (an environment's state)
-            t.toolbox = self.make_toolbox()
+        for i, t in enumerate(trajectories):  # one each, for its whole life (an environment)
+            t.toolbox = self.make_toolbox(None if rows is None else rows[i // g])
         try:
             turn = 0
             while active := [t for t in trajectories if not t.done]:
@@ -135,6 +139,7 @@ class ToolUseEngine:
         if active[0].seed is not None:
             seeds = [turn_seed(t.seed or 0, turn) for t in active]
         out = self.engine.generate([t.prompt + t.ids for t in active], turn_params, seeds)
+        assert len(out.completion_ids) == len(active)  # one turn per trajectory, in order
         pending = []
         for i, t in enumerate(active):
             ids = out.completion_ids[i][: params.max_new_tokens - len(t.ids)]  # its own room

@@ -115,6 +115,7 @@ def _sample(plan: WorkerPlan, staging: nn.Module, inbox: Any, outbox: Any) -> No
         capabilities=plan.capabilities,
         tools=recipe.tool_settings(),
         model_name=recipe.model.path,
+        chat_template_kwargs=recipe.data.chat_template_kwargs,
     )
     engine = make_rollout_engine(recipe.rollout.engine, spec)
     sampler = PromptSampler(len(plan.problems[1]), recipe.data.seed + recipe.trainer.seed)

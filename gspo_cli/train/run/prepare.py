@@ -188,6 +188,7 @@ def prepare_run(
         capabilities=engine.capabilities,
         tools=recipe.tool_settings(),
         model_name=recipe.model.path,
+        chat_template_kwargs=recipe.data.chat_template_kwargs,
     )
     # asynchronous rollouts sample in the worker; here only held-out evals, on the policy itself
     rollout_engine = make_rollout_engine(

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from gspo_cli.algorithms.overlong import overlong_penalty
+from gspo_cli.rewards.environment import ENVIRONMENT_REWARD
 from gspo_cli.rollout.base import RolloutEngine
 from gspo_cli.train.step.rewards import RewardModel
 from gspo_cli.train.step.scored import ScoredGroups
@@ -31,13 +32,15 @@ def collect_groups(
     t0 = time.perf_counter()
     if sync:
         rollout_engine.sync_weights()
-    rollout = rollout_engine.generate(prompts, params, seeds)
+    rollout = rollout_engine.generate(prompts, params, seeds, rows=rows)
     t_rollout = time.perf_counter()
-    scores = reward(
-        rollout.texts,
-        [row for row in rows for _ in range(params.num_samples)],
-        rollout.completion_ids,
-    )
+    response_rows = [row for row in rows for _ in range(params.num_samples)]
+    if rollout.tool_traces is not None:  # a tool environment's own score, for `environment`
+        response_rows = [
+            {**row, ENVIRONMENT_REWARD: trace.environment_reward}
+            for row, trace in zip(response_rows, rollout.tool_traces, strict=True)
+        ]
+    scores = reward(rollout.texts, response_rows, rollout.completion_ids)
     lengths = torch.tensor([len(c) for c in rollout.completion_ids])  # [N]
     overlong = overlong_penalty(
         lengths, params.max_new_tokens, settings.overlong_buffer, settings.overlong_penalty

@@ -8,7 +8,7 @@ one batch from the groups it keeps (`select_groups`, `concat_groups`); the train
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -42,17 +42,14 @@ class ScoredGroups:
 
 
 def _rollout_rows(batch: RolloutBatch, rows: list[int]) -> RolloutBatch:
-    def pick(values: list) -> list:  # type: ignore[type-arg]
-        return [values[r] for r in rows]
-
-    return RolloutBatch(
-        pick(batch.prompt_ids),
-        pick(batch.completion_ids),
-        None if batch.completion_logprobs is None else pick(batch.completion_logprobs),
-        pick(batch.texts),
-        pick(batch.truncated),
-        None if batch.routed_experts is None else pick(batch.routed_experts),
-    )
+    """Rows `rows` of `batch`, every per-response field alike (tool sources included)."""
+    picked = {
+        f.name: None
+        if getattr(batch, f.name) is None
+        else [getattr(batch, f.name)[r] for r in rows]
+        for f in fields(RolloutBatch)
+    }
+    return RolloutBatch(**picked)
 
 
 def select_groups(scored: ScoredGroups, groups: list[int], in_loss: bool = True) -> ScoredGroups:
@@ -74,20 +71,14 @@ def concat_groups(
 ) -> ScoredGroups:
     """The groups of `parts` one after the other, with the step's reward metrics and its
     (rollout, reward) seconds."""
-    first = parts[0].rollout
-
-    def joined(name: str) -> list | None:  # type: ignore[type-arg]
-        if getattr(first, name) is None:
-            return None
-        return [value for part in parts for value in getattr(part.rollout, name)]
-
+    first = parts[0].rollout  # a field None in one part is None in all (one engine, one run)
     rollout = RolloutBatch(
-        [p for part in parts for p in part.rollout.prompt_ids],
-        [c for part in parts for c in part.rollout.completion_ids],
-        joined("completion_logprobs"),
-        [t for part in parts for t in part.rollout.texts],
-        [t for part in parts for t in part.rollout.truncated],
-        joined("routed_experts"),
+        **{
+            f.name: None
+            if getattr(first, f.name) is None
+            else [value for part in parts for value in getattr(part.rollout, f.name)]
+            for f in fields(RolloutBatch)
+        }
     )
     return ScoredGroups(
         rollout,
