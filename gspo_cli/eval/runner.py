@@ -289,6 +289,8 @@ def _evaluate_batch(
                 "truncated": rollout.truncated[i * k : (i + 1) * k],
             }
         )
+        if rollout.tool_traces is not None:  # rollout.tools: the calls each sample made
+            records[-1]["tool_calls"] = [t.calls for t in rollout.tool_traces[i * k : (i + 1) * k]]
     return records
 
 

@@ -101,3 +101,69 @@ def test_bad_tool_settings_are_one_line_at_validate_time(
     result = invoke_cli("validate", str(recipe))
     assert result.returncode == 2
     assert expected in one_error_line(result)
+
+
+def metric(run: Path, key: str) -> list[float]:
+    return [float(m[key]) for m in records(run / "metrics.jsonl")]  # type: ignore[arg-type]
+
+
+def test_two_deepspeed_processes_train_the_tool_run_one_does(
+    tool_checkpoint: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("deepspeed")
+    recipe = tool_recipe(
+        tmp_path,
+        tool_checkpoint,
+        trainer={"steps": 2},
+        algorithm={"minibatches": 2},
+        rollout={"seed_per_prompt": True, "dynamic_sampling": True},
+    )
+    one = run_cli("train", str(recipe), "--out", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = ("--set", "trainer.engine=deepspeed", "--set", "deepspeed.zero_stage=2", "--nproc", "2")
+    result = run_cli("train", str(recipe), "--out", str(tmp_path / "two"), *two)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for key in ("loss", "grad_norm", "reward_mean", "tool_calls_per_response", "tool_error_frac"):
+        a, b = metric(tmp_path / "one", key), metric(tmp_path / "two", key)
+        assert b == pytest.approx(a, rel=1e-4, abs=1e-6), key
+    assert min(metric(tmp_path / "one", "tool_calls_per_response")) > 0.5
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"rollout": {"max_staleness": 1}},  # asynchronous rollouts: the worker runs the tools
+        {"model": {"lora": {"r": 4, "target_modules": ["q_proj", "v_proj"]}}},
+        {"algorithm": {"sequence_unit": "turn", "name": "gspo_token"}},
+    ],
+    ids=["async", "lora", "turn"],
+)
+def test_tool_runs_train_async_with_lora_and_per_turn(
+    overrides: dict[str, object], tool_checkpoint: Path, tmp_path: Path
+) -> None:
+    recipe = tool_recipe(tmp_path, tool_checkpoint, trainer={"steps": 2}, **overrides)
+    result = run_cli("train", str(recipe), "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert min(metric(tmp_path / "run", "tool_calls_per_response")) > 0.5
+    assert all(x == x for x in metric(tmp_path / "run", "loss"))  # finite, not NaN
+
+
+def test_eval_with_the_recipe_answers_with_the_same_tools(
+    tool_checkpoint: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "problems.jsonl"
+    rows = [{"id": f"p{i}", "question": f"Compute {i}+{i + 3}.", "answer": str(2 * i + 3)}
+            for i in range(4)]  # fmt: skip
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = tool_recipe(tmp_path, tool_checkpoint)
+    out = tmp_path / "ev"
+    result = run_cli(
+        "eval", str(tool_checkpoint), "--benchmark", "custom", "--data", str(data),
+        "--recipe", str(recipe), "--samples", "2", "--max-new-tokens", "64", "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    samples = records(out / "samples.jsonl")
+    calls = [c for s in samples for c in s["tool_calls"]]  # type: ignore[attr-defined]
+    assert sum(calls) > 0 and all(c <= 2 for c in calls)  # rollout.tools.max_calls
+    texts = [t for s in samples for t in s["completions"]]  # type: ignore[attr-defined]
+    assert any("```output\n" in t for t in texts)
