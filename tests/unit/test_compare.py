@@ -310,3 +310,22 @@ def test_smooth_is_trailing_over_steps_and_ignores_nan() -> None:
 )
 def test_eval_result_entries_are_read_leniently(entry: Any, parsed: Any) -> None:
     assert parse_entry(entry) == parsed
+
+
+def test_tool_runs_show_their_calls_and_runs_without_tools_do_not(tmp_path: Path) -> None:
+    rows = [
+        metrics_row(s, 0.3, 1.0, tool_calls_per_response=0.5 + 0.1 * s, tool_error_frac=0.2)
+        for s in range(1, 5)
+    ]
+    tools, plain = write_run(tmp_path, "tools", rows), grpo_run(tmp_path)
+    out, console = tmp_path / "out", recording_console()
+    assert compare_runs([tools, plain], out=out, console=console) == 0
+    assert _stats(_compare([tools, plain]), "tools")[
+        "tool_calls_per_response_mean"
+    ] == pytest.approx(0.75)
+    text = console_text(console)
+    assert "tool calls / response" in text and "0.75" in text and "20.0%" in text
+    assert (out / "tool_calls_per_response.png").exists()
+    out_plain = tmp_path / "plain"
+    assert compare_runs([plain], out=out_plain, console=recording_console()) == 0
+    assert not (out_plain / "tool_calls_per_response.png").exists()
