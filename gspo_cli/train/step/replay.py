@@ -40,10 +40,15 @@ PROBE_ROWS = 2  # sequences per update whose routing is measured again after it
 
 
 def _response_routing(routing: torch.Tensor, batch: TrainBatch, rows: int) -> list[torch.Tensor]:
-    """The first `rows` rows' response-token experts, each `[L, response_len, k]`."""
+    """The first `rows` rows' experts of the model's response tokens (tool results left out),
+    each `[L, model_tokens, k]`."""
     per_row = split_rows(routing[:, :rows], batch.attention_mask[:rows])
-    lengths = batch.response_mask[:rows].sum(dim=1).long().tolist()
-    return [r[:, r.shape[1] - length :] for r, length in zip(per_row, lengths, strict=True)]
+    response = batch.attention_mask[:rows, batch.prompt_width :]  # [rows, T] tool tokens too
+    out = []
+    for r, real, model in zip(per_row, response, batch.response_mask[:rows], strict=True):
+        length = int(real.sum())
+        out.append(r[:, r.shape[1] - length :][:, model[:length].bool()])
+    return out
 
 
 class StepRouting:
