@@ -1,5 +1,6 @@
-"""Training rows from a data source: `builtin:TASK`, `benchmark:NAME[:PATH]`, a local file or a
-hub id. This module owns the source prefixes and parses them; it imports no torch.
+"""Training rows from a data source: `builtin:TASK`, `benchmark:NAME[:PATH]`,
+`reasoning_gym:TASK` (data/reasoning_gym.py), a local file or a hub id. This module owns the
+source prefixes and parses them; it imports no torch.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from gspo_cli.data.arithmetic import ArithmeticSettings, arithmetic_split
 from gspo_cli.data.benchmarks import build_prompt, load_benchmark
 from gspo_cli.data.problems import Problem
 from gspo_cli.data.prompts import Prompt
+from gspo_cli.data.reasoning_gym import ReasoningGymSettings, reasoning_gym_split, task_of
 from gspo_cli.errors import GspoError
 from gspo_cli.registry import UnknownNameError
 
@@ -31,6 +33,8 @@ class RowSettings(Protocol):
     def arithmetic(self) -> ArithmeticSettings: ...
     @property
     def seed(self) -> int: ...
+    @property
+    def reasoning_gym(self) -> ReasoningGymSettings: ...
 
 
 def split_benchmark_source(source: str) -> tuple[str, str | None] | None:
@@ -54,6 +58,8 @@ def load_rows(source: str, split: str, cfg: RowSettings) -> list[dict[str, Any]]
     benchmark = split_benchmark_source(source)
     if benchmark is not None:
         return benchmark_rows(*benchmark)
+    if task_of(source) is not None:
+        return reasoning_gym_rows(source, split, cfg)[0]
     rows = _load_dataset_rows(source, split)
     if not rows:
         raise GspoError(f"data: {source} has no rows (split {split!r})")
@@ -66,6 +72,24 @@ def load_rows(source: str, split: str, cfg: RowSettings) -> list[dict[str, Any]]
     return [
         {**row, "prompt": row[cfg.prompt_column], "answer": row[cfg.answer_column]} for row in rows
     ]
+
+
+def reasoning_gym_rows(
+    source: str, split: str, cfg: RowSettings
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A `reasoning_gym:` source's rows of `split`, and the line saying what was dropped to keep
+    training and held-out problems apart (None: nothing was)."""
+    try:
+        splits = reasoning_gym_split(source, cfg.reasoning_gym, cfg.seed, split)
+    except ValueError as exc:
+        raise GspoError(f"data: {exc}") from None
+    return list(splits.train if split == "train" else splits.heldout), splits.note
+
+
+def source_note(source: str, split: str, cfg: RowSettings) -> str | None:
+    """The line saying what a source dropped on its own (a reasoning_gym: source's overlap of
+    training and held-out problems), else None."""
+    return reasoning_gym_rows(source, split, cfg)[1] if task_of(source) is not None else None
 
 
 def has_splits(source: str) -> bool:

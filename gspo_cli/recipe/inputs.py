@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from gspo_cli.data.prompts import DEFAULT_TEMPLATE, check_template_kwargs
+from gspo_cli.data.reasoning_gym import task_of, task_specs
 from gspo_cli.recipe.section import Section, check_exists, looks_local
 from gspo_cli.run_folder import HF_CONFIG
 
@@ -135,11 +136,39 @@ class ArithmeticTaskConfig(Section):
         return self
 
 
+class ReasoningGymTaskConfig(Section):
+    weight: float = Field(
+        1.0, gt=0, description="Its share of the mix (weights need not sum to 1)."
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="The task's own config keys (reasoning-gym's)."
+    )
+
+
+class ReasoningGymConfig(Section):
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="reasoning_gym:TASK's own config keys (e.g. chain_sum's max_terms); checked "
+        "against the task's at validate time.",
+    )
+    tasks: dict[str, ReasoningGymTaskConfig] = Field(
+        default_factory=dict,
+        description="reasoning_gym:composite: the tasks mixed, by name: {weight, config}.",
+    )
+    size: int = Field(2000, ge=1, description="Training problems generated (before dropping).")
+    eval_size: int = Field(200, ge=1, description="Held-out problems, from another seed.")
+    seed: int | None = Field(
+        None,
+        description="Seed of the training problems; None: data.seed. Held-out problems "
+        "use seed + 1000003.",
+    )
+
+
 class DataConfig(Section):
     source: str = Field(
         "builtin:arithmetic",
-        description="builtin:arithmetic, benchmark:NAME[:PATH], a local JSONL/JSON/Parquet "
-        "file, or a datasets hub id.",
+        description="builtin:arithmetic, benchmark:NAME[:PATH], reasoning_gym:TASK (or "
+        "reasoning_gym:composite), a local JSONL/JSON/Parquet file, or a datasets hub id.",
     )
     split: str = Field("train", description="Split to train on (files have only 'train').")
     eval_source: str | None = Field(
@@ -184,6 +213,10 @@ class DataConfig(Section):
     arithmetic: ArithmeticTaskConfig = Field(
         default_factory=ArithmeticTaskConfig, description="Knobs of builtin:arithmetic."
     )
+    reasoning_gym: ReasoningGymConfig = Field(
+        default_factory=ReasoningGymConfig,
+        description="reasoning_gym: sources: task config, mix, sizes (docs/reasoning-gym.md).",
+    )
     seed: int = Field(1234, description="Seed of the built-in task generator and shuffling.")
 
     heldout_size: int | None = Field(
@@ -197,6 +230,15 @@ class DataConfig(Section):
     _paths_exist = field_validator("source", "eval_source")(check_exists)
     _template = field_validator("prompt_template")(check_template)
     _template_kwargs = field_validator("chat_template_kwargs")(check_template_kwargs)
+
+    @model_validator(mode="after")
+    def _reasoning_gym_tasks(self) -> DataConfig:
+        # Task names and config keys are checked now, not when the run has loaded its model.
+        for source in dict.fromkeys((self.source, self.eval_source)):
+            task = None if source is None else task_of(source)
+            if task is not None:
+                task_specs(task, self.reasoning_gym)
+        return self
 
     @model_validator(mode="after")
     def _raw_text_has_no_turns(self) -> DataConfig:

@@ -15,7 +15,7 @@ from gspo_cli.data.benchmarks import build_prompt, load_benchmark
 from gspo_cli.data.formats import clean_rows
 from gspo_cli.data.problems import Problem
 from gspo_cli.data.prompts import PromptFormat, PromptSettings
-from gspo_cli.data.sources import carve_heldout, has_splits
+from gspo_cli.data.sources import carve_heldout, has_splits, source_note
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import text_answer_readers
@@ -119,7 +119,9 @@ def _split_rows(recipe: Recipe, split: str) -> tuple[list[dict[str, Any]], list[
         return (train if split == "train" else held), notes
     source = data.source if split == "train" else data.eval_source or data.source
     rows = load_rows(source, data.split if split == "train" else data.eval_split, data)
-    return _clean(recipe, source, rows)
+    rows, notes = _clean(recipe, source, rows)
+    note = source_note(source, data.split if split == "train" else data.eval_split, data)
+    return rows, [*notes, *([note] if note else [])]
 
 
 def training_rows(recipe: Recipe) -> list[dict[str, Any]]:

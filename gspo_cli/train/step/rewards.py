@@ -27,6 +27,7 @@ from gspo_cli.rewards.contract import (
     checked_scores,
     describe_exception,
 )
+from gspo_cli.rewards.reasoning_gym import task_means
 from gspo_cli.rewards.worker import RewardWorker, WorkerFunction
 
 
@@ -84,6 +85,7 @@ class RewardModel:
             scored = [s for s in scores if s is not None]
             if scored:  # a function that skipped every completion has no mean this step
                 metrics[f"reward/{self.labels[i]}/mean"] = sum(scored) / len(scored)
+            metrics.update(task_means(self.labels[i], scores, rows))  # reasoning-gym's tasks
         bad = next((j for j, t in enumerate(totals) if not math.isfinite(t)), None)
         if bad is not None:
             raise GspoError(
