@@ -27,6 +27,8 @@ MEANS = (
     RATIO_SPREAD,
     "entropy",
     "tokens_per_s",
+    "mfu_rollout",
+    "mfu_train",
     "expert_volatility",
     "mismatch_token_abs_mean",
     "mismatch_outside_clip_frac",

@@ -97,6 +97,14 @@ def _entropy(report: RunReport) -> str | None:
     return f"{mean:.3f}" + ("" if ends is None else f" ({ends[0]:.3f} → {ends[1]:.3f})")
 
 
+def _mfu(report: RunReport) -> str | None:
+    """Model FLOPs utilisation of each phase (train/step/utilisation.py), either may be missing."""
+    values = [report.stats.get(k) for k in ("mfu_rollout_mean", "mfu_train_mean")]
+    if all(v is None for v in values):
+        return None
+    return " / ".join(MISSING if v is None else f"{v:.2%}" for v in values)
+
+
 def _heldout(report: RunReport) -> str | None:
     values = _get(report, "heldout_first", "heldout_last", "heldout_best", "heldout_best_step")
     if values is None:
@@ -188,6 +196,7 @@ def row_specs(cmp: Comparison) -> list[RowSpec]:
             "tokens_per_s_mean",
             "{:+,.0f}",
         ),
+        RowSpec("MFU rollout / train", "mfu_train", _mfu),
     ]
     standard = {s.metric for s in specs} | {"clip_frac_low", "clip_frac_high"}
     extra = [m for m in cmp.metrics or [] if m not in standard]

@@ -17,7 +17,7 @@ DAPO = {
     "algorithm": {"mask_truncated": True},
 }
 # Figures that depend on the clock or the machine, not on the run's arithmetic.
-UNTIMED = ("time_", "tokens_per_s", "peak_memory_mb")
+UNTIMED = ("time_", "tokens_per_s", "peak_memory_mb", "mfu_", "peak_flops")
 
 
 def _metrics(run: Path) -> dict[int, dict[str, float]]:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
-from gspo_cli.train.engines.metric_rules import combine, rank_weight_key
+from gspo_cli.train.engines.metric_rules import combine, mfu_metrics, rank_weight_key
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class DistContext:
             weights = [float(g[rank_weight_key(key)]) for g in holders]
             out[key] = combine(key, [float(g[key]) for g in holders], weights)
         out["tokens_per_s"] = out["completion_tokens"] / max(out["time_step_s"], 1e-9)
+        out.update(mfu_metrics(out))  # from the summed FLOPs and peaks, not a mean of ratios
         return out
 
 

@@ -7,7 +7,17 @@ folds ranks with them, so a figure does not depend on how the work was split.
 from __future__ import annotations
 
 # Counts add up.
-SUMMED = frozenset({"completion_tokens", "zero_adv_groups", "response_tokens"})
+# FLOPs and peaks too: MFU over ranks is their FLOPs over the slowest time x the peaks' sum.
+SUMMED = frozenset(
+    {
+        "completion_tokens",
+        "zero_adv_groups",
+        "response_tokens",
+        "flops_rollout",
+        "flops_train",
+        "peak_flops",
+    }
+)
 # Per-token averages weigh each part by its response tokens.
 TOKEN_WEIGHTED = frozenset(
     {
@@ -53,3 +63,16 @@ def combine(key: str, values: list[float], token_weights: list[float]) -> float:
         weighted = sum(v * w for v, w in zip(values, token_weights, strict=True))
         return weighted / sum(token_weights)
     return sum(values) / len(values)
+
+
+def mfu_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """`mfu_rollout` and `mfu_train`: a phase's FLOPs over its seconds times the peak, for each
+    phase `metrics` holds FLOPs, a positive time and a peak for. Ranks combined, that is their
+    FLOPs summed over the slowest rank's time times the peaks summed (`combine`'s rules)."""
+    out: dict[str, float] = {}
+    peak = metrics.get("peak_flops", 0.0)
+    for phase in ("rollout", "train"):
+        flops, seconds = metrics.get(f"flops_{phase}"), metrics.get(f"time_{phase}_s", 0.0)
+        if flops is not None and seconds > 0 and peak > 0:
+            out[f"mfu_{phase}"] = flops / (seconds * peak)
+    return out

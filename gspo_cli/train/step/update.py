@@ -43,6 +43,7 @@ from gspo_cli.train.step.replay import PROBE_ROWS, StepRouting
 from gspo_cli.train.step.rewards import RewardModel
 from gspo_cli.train.step.scored import ScoredGroups
 from gspo_cli.train.step.settings import StepOutput, StepSettings
+from gspo_cli.train.step.utilisation import flop_metrics
 
 
 def _micro_batch_loss(
@@ -266,6 +267,9 @@ def train_groups(
     summary.update(scored.reward_metrics)  # reward/<name>/mean of each function
     summary.update(prep.kl_metrics)
     summary["bad_updates"] = float(sum(bad_updates))
+    # the no-grad passes that ran: pi_old recomputed, the reference policy
+    passes = [prep.inputs.plan] * ((not old.from_engine) + (prep.ref_lp is not None))
+    summary.update(flop_metrics(engine, scored.rollout, prep.plan, passes, summary, ctx))
     count_skipped_rows(summary, prep.plan, prep.loss_mask, advantages, prep.in_loss)
     # Skipped updates at the end of this step, which continue into the next step's count.
     trailing = next((i for i, bad in enumerate(reversed(bad_updates)) if not bad), len(bad_updates))
