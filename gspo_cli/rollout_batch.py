@@ -12,8 +12,9 @@ import torch
 class ToolTrace:
     """What the tools did in one trajectory (rollout/tools/)."""
 
-    calls: int = 0  # tool calls run (or answered with an error)
+    calls: int = 0  # tool calls run, or answered with their error (a call that cannot be read)
     errors: int = 0  # calls that failed: an exception, a timeout, a call that could not be read
+    refused: int = 0  # calls past max_calls: answered "not run", counted in neither above
     seconds: float = 0.0  # wall time of its calls
     cut_outputs: int = 0  # results cut to output_max_tokens
     ended_by_budget: bool = False  # a result did not fit in max_new_tokens: the trajectory ended

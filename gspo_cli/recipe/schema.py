@@ -178,6 +178,11 @@ class Recipe(Section):
                 "algorithm.routing_replay rollout replays the experts chosen while generating; "
                 "tool results are prefilled between turns and have none: use old_policy"
             )
+        if tools.format == "chat_template" and self.data.chat_template == "none":
+            raise ValueError(
+                "rollout.tools.format chat_template renders tool turns with the chat template, "
+                "and data.chat_template none shows the model none: use format code_block"
+            )
         if tools.output_max_tokens >= self.rollout.max_new_tokens:
             raise ValueError(
                 f"rollout.tools.output_max_tokens ({tools.output_max_tokens}) must be less than "

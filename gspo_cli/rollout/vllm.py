@@ -101,6 +101,7 @@ class VLLMEngine:
         self.rebuild = sync == "rebuild" or (sync == "auto" and is_moe(spec.model.config))
         self.folder = tempfile.mkdtemp(prefix="gspo-vllm-")
         self.llm: Any = None
+        self._holding = False  # inside `held`: generate neither wakes nor sleeps the engine
         self._save_weights()
         self._start()
         self._fresh = True  # just built from the trainer's weights: the first sync is free
@@ -124,7 +125,9 @@ class VLLMEngine:
             "seed": self.spec.seed,
             "gpu_memory_utilization": memory,
             "enforce_eager": bool(self.options.get("enforce_eager", not self.cuda)),
-            "skip_tokenizer_init": True,  # we pass token ids and decode with our tokenizer
+            # we pass token ids and decode with our tokenizer; stop strings (tool calls) need
+            # vLLM's own detokenizer, which skipping its tokenizer turns off silently
+            "skip_tokenizer_init": self.spec.tools is None,
             "logprobs_mode": "processed_logprobs",
             "generation_config": "vllm",  # ignore the checkpoint's sampling defaults
             "enable_sleep_mode": self.cuda and bool(self.options.get("sleep", True)),
@@ -147,12 +150,27 @@ class VLLMEngine:
             ) from None
         self._sleep()
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Awake for several `generate` calls (a tool trajectory's turns), then asleep once."""
+        self._wake()
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+            self._sleep()
+
     def _sleep(self) -> None:
+        if self._holding:
+            return
         if self.cuda and self.options.get("sleep", True):
             with deadline(self.timeout_s, "sleep"):
                 self.llm.sleep(level=1)
 
     def _wake(self) -> None:
+        if self._holding:
+            return
         if self.cuda and self.options.get("sleep", True):
             with deadline(self.timeout_s, "wake-up"):
                 self.llm.wake_up()

@@ -92,12 +92,16 @@ def test_a_killed_tool_run_resumes_record_for_record(tool_checkpoint: Path, tmp_
         ({"interpreter": None}, "nothing to call"),
         ({"max_calls": -1}, "max_calls"),
         ({"output_max_tokens": 64}, "output_max_tokens"),
+        ({"format": "chat_template", "data_none": True}, "data.chat_template none"),
     ],
 )
 def test_bad_tool_settings_are_one_line_at_validate_time(
     tools: dict[str, object], expected: str, tmp_path: Path
 ) -> None:
-    recipe = write_recipe(tmp_path, deep_merge(TOOL_TASK, {"rollout": {"tools": tools}}))
+    tools = dict(tools)
+    data = {"chat_template": "none"} if tools.pop("data_none", False) else {}
+    overrides = {"rollout": {"tools": tools}, "data": data}
+    recipe = write_recipe(tmp_path, deep_merge(TOOL_TASK, overrides))
     result = invoke_cli("validate", str(recipe))
     assert result.returncode == 2
     assert expected in one_error_line(result)

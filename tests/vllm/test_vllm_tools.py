@@ -39,6 +39,16 @@ def test_vllm_tool_trajectories_keep_the_engines_ids_and_log_probs(tmp_path: Pat
         model, tokenizer, model.state_dict().items, seed=0, tools=recipe.tool_settings()
     )
     engine = make_rollout_engine("vllm", spec)
+    turns: list[str] = []  # each model turn as vLLM returned it
+    inner = engine.engine  # type: ignore[attr-defined]
+    generate = inner.generate
+
+    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+        out = generate(*args, **kwargs)
+        turns.extend(tokenizer.decode(ids) for ids in out.completion_ids)
+        return out
+
+    inner.generate = recorded
     try:
         questions = [f"Compute {a}+{b}." for a, b in ((3, 4), (12, 9), (7, 8))]
         prompts = [render_prompt(tokenizer, q, recipe.data) for q in questions]
@@ -49,6 +59,9 @@ def test_vllm_tool_trajectories_keep_the_engines_ids_and_log_probs(tmp_path: Pat
     assert rollout.tool_traces is not None and rollout.from_tool is not None
     assert sum(t.calls for t in rollout.tool_traces) > 0  # the model called the interpreter
     assert any("```output\n" in t for t in rollout.texts)
+    # vLLM's stop strings end a calling turn at its fence, not at the budget
+    calling = [t for t in turns if "```python" in t]
+    assert calling and any(t.endswith("```\n") for t in calling)
     batch = build_train_batch(rollout, int(tokenizer.pad_token_id))
     check_sampled_ids(batch, rollout)
     assert (batch.response_mask.sum() < batch.attention_mask[:, batch.prompt_width :].sum()).item()

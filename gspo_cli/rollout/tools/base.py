@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gspo_cli.tool_settings import Side, ToolSettings
 
-__all__ = ["Side", "ToolCall", "ToolFormat", "ToolResult", "ToolSettings", "Toolbox", "cut_output"]
+__all__ = ["Side", "ToolCall", "ToolFormat", "ToolResult", "ToolSettings", "Toolbox"]
+__all__ += ["cut_output", "defuse", "special_strings"]
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -88,3 +89,19 @@ def cut_output(
     dropped = len(ids) - max_tokens
     return (f"{body}\n[... {dropped} tokens cut]" if side == "head" else
             f"[{dropped} tokens cut ...]\n{body}"), True  # fmt: skip
+
+
+def special_strings(tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """The strings `tokenizer` reads as special tokens, longest first."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}).values()
+    found = {*tokenizer.all_special_tokens, *(t.content for t in added if t.special)} - {""}
+    return sorted(found, key=len, reverse=True)
+
+
+def defuse(text: str, specials: list[str]) -> str:
+    """`text` with every special token's string broken by a space ("<|im_end|>" ->
+    "< |im_end|>"): a tool's output, tokenised, must not end or open a turn."""
+    for special in specials:
+        if special in text:
+            text = text.replace(special, f"{special[0]} {special[1:]}")
+    return text

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gspo_cli.errors import GspoError
-from gspo_cli.rollout.tools.base import ToolCall, ToolResult
+from gspo_cli.rollout.tools.base import ToolCall, ToolResult, defuse, special_strings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -121,13 +121,7 @@ class ChatTemplateFormat:
         self.tokenizer = tokenizer
         self.render = _Renderer(tokenizer, template_kwargs)
         self.eos = str(tokenizer.eos_token)
-        # the strings the tokenizer reads as special tokens (a tool's output must not write one)
-        added = getattr(tokenizer, "added_tokens_decoder", {}).values()
-        self.specials = sorted(
-            {*tokenizer.all_special_tokens, *(t.content for t in added if t.special)} - {""},
-            key=len,
-            reverse=True,
-        )
+        self.specials = special_strings(tokenizer)  # a tool's output must not write one
 
     def calls(self, turn_text: str, ended: bool) -> list[ToolCall]:
         if not ended:  # cut by the token budget: its calls are not finished
@@ -141,12 +135,7 @@ class ChatTemplateFormat:
         return found
 
     def defuse(self, text: str) -> str:
-        """`text` with every special token's string broken by a space ("<|im_end|>" ->
-        "< |im_end|>"): a program printing one must not end or open a turn."""
-        for special in self.specials:
-            if special in text:
-                text = text.replace(special, f"{special[0]} {special[1:]}")
-        return text
+        return defuse(text, self.specials)
 
     def result_text(self, results: list[ToolResult]) -> str:
         """The text after the model's eos that answers `results`: rendered, never re-encoded."""

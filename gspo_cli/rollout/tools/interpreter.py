@@ -15,8 +15,16 @@ import re
 import time
 from typing import TYPE_CHECKING
 
+from gspo_cli.rewards.code.isolation import WeakIsolationError
 from gspo_cli.rewards.code.sandbox import Limits, run_program
-from gspo_cli.rollout.tools.base import ToolCall, ToolResult, ToolSettings, cut_output
+from gspo_cli.rollout.tools.base import (
+    ToolCall,
+    ToolResult,
+    ToolSettings,
+    cut_output,
+    defuse,
+    special_strings,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -67,13 +75,15 @@ class CodeBlockFormat:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
+        self.specials = special_strings(tokenizer)  # a program's output must not write one
 
     def calls(self, turn_text: str, ended: bool) -> list[ToolCall]:
         match = CODE_BLOCK.search(turn_text)
         return [] if match is None else [ToolCall(PYTHON, {"code": match.group(1)})]
 
     def result_ids(self, results: list[ToolResult]) -> list[int]:
-        text = "".join(OUTPUT_BLOCK.format(output=r.text.rstrip("\n")) for r in results)
+        outputs = [defuse(r.text.rstrip("\n"), self.specials) for r in results]
+        text = "".join(OUTPUT_BLOCK.format(output=output) for output in outputs)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -106,11 +116,17 @@ class PythonInterpreter:
 
     def run_code(self, code: str) -> ToolResult:
         start = time.perf_counter()
-        outcome = run_program(
-            replay_program([*self.cells, code]),
-            limits=self.limits,
-            allow_weak_isolation=self.settings.allow_weak_isolation,
-        )
+        try:
+            outcome = run_program(
+                replay_program([*self.cells, code]),
+                limits=self.limits,
+                allow_weak_isolation=self.settings.allow_weak_isolation,
+            )
+        except WeakIsolationError:
+            raise  # the user's setup, not this call: stop with the one-line reason
+        except Exception as exc:  # the sandbox failed (fork, pipes, cgroups): answer, go on
+            text = f"InternalError: the sandbox could not run the cell ({type(exc).__name__})"
+            return ToolResult(text, True, time.perf_counter() - start)
         seconds = time.perf_counter() - start
         text = outcome.stdout.decode("utf-8", errors="replace")
         # the harness's status: "ok", or how the program ended (runtime_error, memory_limit...)

@@ -14,6 +14,7 @@ call drops only tokens sampled after it, and each turn is seeded from (response 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -111,12 +112,15 @@ class ToolUseEngine:
         ]
         for i, t in enumerate(trajectories):  # one each, for its whole life (an environment)
             t.toolbox = self.make_toolbox(None if rows is None else rows[i // g])
+        # an engine that sleeps between calls (vLLM on CUDA) stays awake for all the turns
+        held = getattr(self.engine, "held", contextlib.nullcontext)
         try:
-            turn = 0
-            while active := [t for t in trajectories if not t.done]:
-                pending = self._model_turn(active, params, turn)
-                self._run_calls(pending, params.max_new_tokens)
-                turn += 1
+            with held():
+                turn = 0
+                while active := [t for t in trajectories if not t.done]:
+                    pending = self._model_turn(active, params, turn)
+                    self._run_calls(pending, params.max_new_tokens)
+                    turn += 1
             return self._batch(trajectories, params)
         finally:
             for t in trajectories:
@@ -173,10 +177,12 @@ class ToolUseEngine:
         )
         for (t, calls), outcome in zip(pending, results, strict=True):
             env_ids = self.fmt.result_ids(outcome)
+            refused = sum(c.error == MAX_CALLS_REACHED for c in calls)  # answered, not run
             t.trace = replace(
                 t.trace,
-                calls=t.trace.calls + len(calls),
-                errors=t.trace.errors + sum(r.error for r in outcome),
+                calls=t.trace.calls + len(calls) - refused,
+                refused=t.trace.refused + refused,
+                errors=t.trace.errors + sum(r.error for r in outcome) - refused,
                 seconds=t.trace.seconds + sum(r.seconds for r in outcome),
                 cut_outputs=t.trace.cut_outputs + sum(r.cut for r in outcome),
             )

@@ -19,7 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gspo_cli.data.problems import Problem
 from gspo_cli.engines import ROLLOUT_ENGINES, TRAIN_ENGINES
-from gspo_cli.errors import Stopped
+from gspo_cli.errors import GspoError, Stopped
 from gspo_cli.models import load_policy
 from gspo_cli.models.loading import convert_first
 from gspo_cli.models.lora import Adapters
@@ -178,22 +178,21 @@ def prepare_run(
     engine = make_engine(recipe.trainer.engine, model, engine_settings(recipe), ctx)
     if engine.adapters is not None:
         ref_engine = _lora_start(recipe, engine, engine.adapters, run_dir, console)
+    synced = engine.partitions_weights and ctx.world > 1
+    local = _local_rollout_engine(recipe, synced)
     spec = EngineSpec(
         engine.model,
         tokenizer,
         engine.full_weights,
         seed=recipe.trainer.seed + ctx.rank,
-        synced_gpus=engine.partitions_weights and ctx.world > 1,
+        synced_gpus=synced,
         options=recipe.rollout.vllm.model_dump(),
         capabilities=engine.capabilities,
         tools=recipe.tool_settings(),
         model_name=recipe.model.path,
         chat_template_kwargs=recipe.data.chat_template_kwargs,
     )
-    # asynchronous rollouts sample in the worker; here only held-out evals, on the policy itself
-    rollout_engine = make_rollout_engine(
-        "hf" if recipe.rollout.max_staleness else recipe.rollout.engine, spec
-    )
+    rollout_engine = make_rollout_engine(local, spec)
     math_pool = MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s)
     reward = RewardModel(recipe.reward, RewardServices(math_pool=math_pool))
     sampler = PromptSampler(len(train_set.rows), recipe.data.seed + recipe.trainer.seed)
@@ -212,6 +211,21 @@ def prepare_run(
         rollout_engine, ref_engine, reward, math_pool, sampler, log, settings, state,
         stop or StopRequest(), state.step,
     )  # fmt: skip
+
+
+def _local_rollout_engine(recipe: Recipe, synced: bool) -> str:
+    """The rollout engine this process builds: the recipe's, or with asynchronous rollouts
+    (which sample in the worker) HF for held-out evals on the policy itself."""
+    local = "hf" if recipe.rollout.max_staleness else recipe.rollout.engine
+    shares_weights = not ROLLOUT_ENGINES.get(local).keeps_own_weights
+    if synced and shares_weights and recipe.rollout.tools is not None:
+        # ZeRO-3's generate runs every forward on every rank together, and tool trajectories
+        # take as many turns as their own calls: the ranks would wait on each other
+        raise GspoError(
+            "rollout.tools with DeepSpeed ZeRO-3 on several processes needs rollout.engine "
+            "vllm (or deepspeed.zero_stage 2)"
+        )
+    return local
 
 
 def step_settings(recipe: Recipe, pad_id: int) -> StepSettings:
