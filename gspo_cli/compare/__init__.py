@@ -16,7 +16,7 @@ from gspo_cli.compare.plots import write_plots
 from gspo_cli.compare.report import remove_stale_plots, write_reports
 from gspo_cli.compare.runs import Problems, Run, load_runs
 from gspo_cli.compare.seeds import group_runs
-from gspo_cli.compare.series import HELDOUT, RATIO_SPREAD, X_LABELS, X_SOURCES
+from gspo_cli.compare.series import HELDOUT, HELDOUT_FORMS, RATIO_SPREAD, X_LABELS, X_SOURCES
 from gspo_cli.compare.stats import compare
 from gspo_cli.compare.table import build_rows, rich_table
 from gspo_cli.run_folder import RECIPE
@@ -40,6 +40,7 @@ def selected_metrics(
         return None
     known = {k for run in runs for record in run.records for k in record} | {"eval"}
     known |= {HELDOUT} if any(run.heldout for run in runs) else set()
+    known |= {k for k, form in HELDOUT_FORMS.items() if any(form in r.heldout_forms for r in runs)}
     known |= {RATIO_SPREAD} if "seq_ratio_max" in known and "seq_ratio_min" in known else set()
     for name in names:
         if name not in known:

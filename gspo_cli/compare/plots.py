@@ -24,6 +24,7 @@ from gspo_cli.compare.series import (
     RATIO_SPREAD,
     X_LABELS,
     Series,
+    is_heldout,
     metric_series,
     smooth,
     x_positions,
@@ -37,6 +38,9 @@ DPI = 100
 PLOTS: dict[str, tuple[str, str]] = {
     "reward_mean": ("Reward (mean per step)", "reward"),
     HELDOUT: ("Held-out accuracy", "accuracy"),
+    "heldout_answered": ("Held-out answers in the expected form", "share answered"),
+    "heldout_accuracy_any_form": ("Held-out accuracy, answer in any form", "accuracy"),
+    "heldout_ran_clean": ("Held-out programs that ran clean", "share ran clean"),
     "clip_frac": ("Clip fraction", "share of tokens clipped"),
     RATIO_SPREAD: ("Sequence-ratio spread (max - min per step)", "seq_ratio_max - seq_ratio_min"),
     "entropy": ("Policy entropy", "entropy (nats/token)"),
@@ -72,7 +76,7 @@ def _curves(report: RunReport, key: str, cmp: Comparison) -> list[tuple[Any, Any
     if xs is None:
         return []
     clean = Series(series.steps, np.where(np.isfinite(series.values), series.values, np.nan))
-    if cmp.smooth <= 1 or key == HELDOUT:
+    if cmp.smooth <= 1 or is_heldout(key):
         return [(xs, clean.values, False)]
     return [(xs, clean.values, True), (xs, smooth(clean, cmp.smooth).values, False)]
 

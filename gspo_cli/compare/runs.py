@@ -22,6 +22,9 @@ from gspo_cli.collapse import HeldoutSize
 from gspo_cli.compare.results import EvalResult, read_results
 from gspo_cli.run_folder import EVALS, EVENTS, METRICS, RECIPE, SUMMARY, iter_jsonl
 
+# eval.jsonl's answer forms beside accuracy (docs/evaluation.md, "Form and substance")
+HELDOUT_FORM_KEYS = ("answered", "accuracy_any_form", "ran_clean")
+
 
 class Problems:
     """Prints each problem at once as one line `error|warning: <where>: <what>` and keeps it."""
@@ -56,6 +59,8 @@ class Run:
     results: list[EvalResult] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)  # what the trainer's guards did
     heldout_size: HeldoutSize | None = None  # eval.jsonl's problems x samples, when logged
+    # eval.jsonl's answer forms by step: answered, accuracy_any_form, ran_clean (when logged)
+    heldout_forms: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
 
     def setting(self, dotted: str) -> Any:
         """A recipe value such as `algorithm.name`, or None when the recipe lacks it."""
@@ -176,6 +181,16 @@ def _read_heldout(run_dir: Path, records: Records, evals: Records, problems: Pro
     return sorted(by_step.items())
 
 
+def _heldout_forms(evals: Records) -> dict[str, list[tuple[int, float]]]:
+    """eval.jsonl's answer forms beside held-out accuracy (train/run/heldout.py), by step."""
+    forms: dict[str, list[tuple[int, float]]] = {}
+    for key in HELDOUT_FORM_KEYS:
+        points = [(int(r["step"]), r[key]) for r in evals if key in r]
+        if points:
+            forms[key] = points
+    return forms
+
+
 def _heldout_size(evals: list[dict[str, float]]) -> HeldoutSize | None:
     """The size of the run's held-out evaluations (eval.jsonl's last record that names it),
     which the collapse detector weighs a drop against; None for runs that did not log it."""
@@ -221,7 +236,8 @@ def load_run(path: Path, problems: Problems) -> Run | None:
     events = [e for _, e in iter_jsonl(path / EVENTS) if e] if (path / EVENTS).is_file() else []
     results = read_results(path, problems.warning)
     size = _heldout_size(evals)
-    return Run(path, path.name, recipe, records, heldout, results, events, size)
+    forms = _heldout_forms(evals)
+    return Run(path, path.name, recipe, records, heldout, results, events, size, forms)
 
 
 def load_runs(

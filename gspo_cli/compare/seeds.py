@@ -25,7 +25,7 @@ import numpy as np
 
 from gspo_cli.compare.intervals import Estimate, Spread, t975
 from gspo_cli.compare.runs import Problems, Run
-from gspo_cli.compare.series import HELDOUT, metric_series, smooth, x_positions
+from gspo_cli.compare.series import is_heldout, metric_series, smooth, x_positions
 from gspo_cli.compare.stats import RunReport, SeedGroup
 from gspo_cli.compare.verdicts import STABLE
 
@@ -184,7 +184,7 @@ def group_band(group: SeedGroup, key: str, x: str, window: int) -> Band | None:
         series = metric_series(report.run, key)
         if series is None or len(series.steps) == 0:
             continue
-        if key != HELDOUT:
+        if not is_heldout(key):
             series = smooth(series, window)
         xs = x_positions(report.run, x, series.steps)
         if xs is not None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gspo_cli.compare.runs import Run
+from gspo_cli.compare.runs import HELDOUT_FORM_KEYS, Run
 
 X_LABELS = {
     "step": "RL step",
@@ -23,6 +23,13 @@ X_LABELS = {
 }
 X_SOURCES = {"tokens": "completion_tokens", "time": "time_step_s"}
 HELDOUT, RATIO_SPREAD = "heldout_accuracy", "ratio_spread"
+# Curves of the held-out answer forms: heldout_answered, heldout_accuracy_any_form, ...
+HELDOUT_FORMS = {f"heldout_{key}": key for key in HELDOUT_FORM_KEYS}
+
+
+def is_heldout(key: str) -> bool:
+    """A curve of the sparse held-out evaluations: never smoothed."""
+    return key == HELDOUT or key in HELDOUT_FORMS
 
 
 @dataclass(frozen=True)
@@ -41,8 +48,15 @@ def metric_series(run: Run, key: str) -> Series | None:
     """The curve of `key`, including derived ones; None when the run does not have it.
 
     heldout_accuracy: eval.jsonl / metrics / summary.json (step 0 = before RL).
+    heldout_answered, heldout_accuracy_any_form, heldout_ran_clean: eval.jsonl's answer forms.
     ratio_spread: seq_ratio_max - seq_ratio_min per step.
     """
+    if key in HELDOUT_FORMS:
+        points = run.heldout_forms.get(HELDOUT_FORMS[key])
+        if not points:
+            return None
+        steps = np.array([s for s, _ in points], dtype=np.int64)
+        return Series(steps, np.array([v for _, v in points], dtype=np.float64))
     if key == HELDOUT:
         if not run.heldout:
             return None

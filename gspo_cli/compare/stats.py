@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 
 from gspo_cli.compare.runs import Run
-from gspo_cli.compare.series import HELDOUT, RATIO_SPREAD, metric_series, smooth, x_positions
+from gspo_cli.compare.series import (
+    HELDOUT,
+    HELDOUT_FORMS,
+    RATIO_SPREAD,
+    metric_series,
+    smooth,
+    x_positions,
+)
 from gspo_cli.compare.verdicts import Issue, assess
 
 MEANS = (
@@ -43,6 +50,7 @@ HEADLINE = (
     "reward_at_common_x",
     "heldout_last",
     "heldout_best",
+    *(f"{key}_last" for key in HELDOUT_FORMS),
     "clip_frac_mean",
     "tokens_per_s_mean",
 )
@@ -150,6 +158,8 @@ def run_stats(run: Run, window: int, extra: list[str]) -> dict[str, Any]:
     }
     stats.update(_reward_stats(run, window))
     stats.update(_curve_ends(run, HELDOUT, "heldout", 1))  # sparse evals: never smoothed
+    for key in HELDOUT_FORMS:  # answered and accuracy in any form beside it
+        stats.update(_curve_ends(run, key, key, 1))
     entropy = _curve_ends(run, "entropy", "entropy", window)
     stats.update({k: v for k, v in entropy.items() if k.endswith(("_first", "_last"))})
     for key in (*MEANS, *extra):
@@ -200,7 +210,7 @@ def compare(
     runs: list[Run], baseline: Run, x: str, window: int, metrics: list[str] | None
 ) -> Comparison:
     """Numbers, verdicts and differences against `baseline` for every run."""
-    known = {*MEANS, "reward_mean", HELDOUT, "eval"}
+    known = {*MEANS, "reward_mean", HELDOUT, *HELDOUT_FORMS, "eval"}
     extra = [m for m in metrics or [] if m not in known]
     reports = [RunReport(run, run_stats(run, window, extra), assess(run)) for run in runs]
     shared = common_x(runs, x)

@@ -24,6 +24,12 @@ from gspo_cli.compare.stats import Comparison, RunReport, SeedGroup
 from gspo_cli.compare.verdicts import STABLE, verdict_text
 
 MISSING = "—"
+# The held-out answer forms beside accuracy (compare/series.py HELDOUT_FORMS), labelled.
+HELDOUT_FORM_ROWS = (
+    ("heldout_answered", "held-out answered"),
+    ("heldout_accuracy_any_form", "held-out acc any form"),
+    ("heldout_ran_clean", "held-out ran clean"),
+)
 Row = tuple[str, list[str]]
 Cell = Callable[[RunReport], str | None]
 GroupCell = Callable[[SeedGroup], str | None]
@@ -113,6 +119,16 @@ def _heldout(report: RunReport) -> str | None:
     return f"{first:.1%} → {last:.1%} (best {best:.1%} @ {step})"
 
 
+def _first_last(prefix: str) -> Cell:
+    """A held-out curve's first → last value (answer forms: few evaluations, no best)."""
+
+    def cell(report: RunReport) -> str | None:
+        values = _get(report, f"{prefix}_first", f"{prefix}_last")
+        return None if values is None else f"{values[0]:.1%} → {values[1]:.1%}"
+
+    return cell
+
+
 def _eval_cell(label: str) -> Cell:
     def cell(report: RunReport) -> str | None:
         entry = report.stats["eval"].get(label)
@@ -156,6 +172,8 @@ def row_specs(cmp: Comparison) -> list[RowSpec]:
     specs.append(
         RowSpec("held-out acc first → last", "heldout_accuracy", _heldout, "heldout_last", points)
     )
+    for key, label in HELDOUT_FORM_ROWS:  # form and substance: docs/evaluation.md
+        specs.append(RowSpec(label, key, _first_last(key), f"{key}_last", points))
     labels = dict.fromkeys(label for r in cmp.reports for label in r.stats["eval"])
     specs += [RowSpec(f"eval {lb}", "eval", _eval_cell(lb), f"eval:{lb}") for lb in labels]
     specs += [

@@ -27,7 +27,7 @@ from gspo_cli.errors import GspoError
 from gspo_cli.eval.checkpoints import load_for_eval, resolve_checkpoint
 from gspo_cli.eval.codeelo import load_standings_cache
 from gspo_cli.eval.progress import EvalProgress
-from gspo_cli.eval.scoring import score_samples
+from gspo_cli.eval.scoring import SampleVerdicts, score_samples
 from gspo_cli.eval.summary import codeforces_elo, summarize
 from gspo_cli.models.loading import convert_first
 from gspo_cli.rewards.math_verifier import MathVerifierPool
@@ -285,6 +285,8 @@ def _evaluate_batch(
                 "answers": verdicts.answers,
                 "verdicts": verdicts.verdicts,
                 "correct": verdicts.correct,
+                "answered": verdicts.answered,
+                **_form_fields(verdicts),
                 "lengths": [len(c) for c in rollout.completion_ids[i * k : (i + 1) * k]],
                 "truncated": rollout.truncated[i * k : (i + 1) * k],
             }
@@ -292,6 +294,17 @@ def _evaluate_batch(
         if rollout.tool_traces is not None:  # rollout.tools: the calls each sample made
             records[-1]["tool_calls"] = [t.calls for t in rollout.tool_traces[i * k : (i + 1) * k]]
     return records
+
+
+def _form_fields(verdicts: SampleVerdicts) -> dict[str, list[Any]]:
+    """A record's per-sample answer forms: maths' forms and any-form correctness, code's
+    clean runs (eval/scoring.py)."""
+    fields = {
+        "forms": verdicts.forms,
+        "correct_any_form": verdicts.correct_any_form,
+        "ran_clean": verdicts.ran_clean,
+    }
+    return {key: value for key, value in fields.items() if value is not None}
 
 
 def _prepare_out(out: Path, settings: EvalSettings, resume: bool) -> dict[str, dict[str, Any]]:

@@ -54,6 +54,7 @@ def summarize(records: Sequence[dict[str, Any]], k: int, kind: str, seed: int) -
             return mean_maj_at_k([a for a, _ in items], [c for _, c in items], k, key=answer_key)
 
         metrics[f"maj@{k}"] = _metric(maj(pairs), bootstrap_statistic_ci(pairs, maj, seed=seed))
+    metrics.update(form_metrics(records, k, seed))
     lengths = [n for r in records for n in r["lengths"]]
     stats = length_stats(lengths)
     metrics["response_len_mean"] = stats.mean
@@ -62,6 +63,28 @@ def summarize(records: Sequence[dict[str, Any]], k: int, kind: str, seed: int) -
     metrics["truncated_frac"] = sum(t for r in records for t in r["truncated"]) / max(
         1, len(lengths)
     )
+    return metrics
+
+
+# Per-sample flags of a record (eval/scoring.py) -> the metric that averages them like avg@k.
+FORM_METRICS = {
+    "answered": "answered",
+    "correct_any_form": "accuracy_any_form",
+    "ran_clean": "ran_clean",
+}
+
+
+def form_metrics(records: Sequence[dict[str, Any]], k: int, seed: int) -> dict[str, Any]:
+    """Answer form beside strict accuracy (rewards/answer_forms.py): `answered` (the expected
+    form), `accuracy_any_form` (maths), `ran_clean` (code), each averaged as avg@k with the same
+    bootstrap interval. Left out when a record lacks its flags (one written before they were)."""
+    metrics: dict[str, Any] = {}
+    for flags, name in FORM_METRICS.items():
+        if not records or not all(flags in r for r in records):
+            continue
+        counts = [sum(r[flags]) for r in records]
+        rates = per_problem_rates(counts, k)
+        metrics[name] = _metric(avg_at_k(counts, k), bootstrap_ci(rates, seed=seed))
     return metrics
 
 

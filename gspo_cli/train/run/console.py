@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from types import TracebackType
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from gspo_cli.run_folder import EVALS, read_jsonl
 
 LIVE_KEYS = (
     ("reward_mean", "reward", "{:.3f}"),
@@ -23,6 +26,29 @@ def live_line(metrics: dict[str, float]) -> str:
         f"{label} {fmt.format(metrics[key])}" for key, label, fmt in LIVE_KEYS if key in metrics
     ]
     return "  ".join(parts)
+
+
+# The answer forms beside held-out accuracy (eval.jsonl keys, train/run/heldout.py), labelled.
+FORMS = (("answered", "answered"), ("accuracy_any_form", "any form"), ("ran_clean", "ran clean"))
+
+
+def heldout_change(run_dir: Path, heldout: dict[int, float]) -> str:
+    """The run's last word on held-out evaluation: strict accuracy before RL -> after the last
+    evaluated step, then the answer forms where both ends measured them (eval.jsonl), so that
+    a gain in answer format alone shows beside a gain in correct answers."""
+    last = max(heldout)
+    before, after = heldout[0], heldout[last]
+    line = (
+        f"held-out accuracy: before RL {before:.1%} -> after {last} steps {after:.1%} "
+        f"({(after - before) * 100:+.1f} points)"
+    )
+    records = {r.get("step"): r for r in read_jsonl(run_dir / EVALS)}  # the later record wins
+    ends = (records.get(0, {}), records.get(last, {}))
+    for key, label in FORMS:
+        first, final = (end.get(key) for end in ends)
+        if isinstance(first, int | float) and isinstance(final, int | float):
+            line += f"; {label} {first:.1%} -> {final:.1%}"
+    return line
 
 
 def eta_text(done: int, total: int, started: float) -> str:

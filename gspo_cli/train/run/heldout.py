@@ -8,7 +8,7 @@ from gspo_cli.data.problems import Problem
 from gspo_cli.data.prompts import PromptSettings
 from gspo_cli.data.testcases import parse_tests
 from gspo_cli.eval.runner import generate_and_judge
-from gspo_cli.eval.summary import summarize
+from gspo_cli.eval.summary import FORM_METRICS, summarize
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout.base import RolloutEngine, SamplingParams
 
@@ -46,7 +46,8 @@ def heldout_accuracy(
     prompt_format: PromptSettings,
     tools: list[dict[str, Any]] | None = None,
 ) -> dict[str, float]:
-    """avg@k accuracy, share of problems solved at least once (pass@k), response statistics."""
+    """avg@k accuracy, the answer forms beside it (answered; accuracy in any form for maths,
+    clean runs for code), share of problems solved at least once (pass@k), response statistics."""
     records = generate_and_judge(
         engine,
         tokenizer,
@@ -60,10 +61,17 @@ def heldout_accuracy(
     )
     k = params.num_samples
     metrics = summarize(records, k, problems[0].kind, seed)
+    forms = {  # answered, accuracy_any_form (maths), ran_clean (code): docs/evaluation.md
+        f"{name}{suffix}": metrics[name][key]
+        for name in FORM_METRICS.values()
+        if name in metrics
+        for suffix, key in (("", "value"), ("_ci_low", "ci_low"), ("_ci_high", "ci_high"))
+    }
     return {
         "accuracy": metrics[f"avg@{k}"]["value"],
         "accuracy_ci_low": metrics[f"avg@{k}"]["ci_low"],
         "accuracy_ci_high": metrics[f"avg@{k}"]["ci_high"],
+        **forms,
         "solved_any": metrics[f"pass@{k}"]["value"],
         "response_len_mean": metrics["response_len_mean"],
         "truncated_frac": metrics["truncated_frac"],

@@ -40,7 +40,7 @@ from gspo_cli.train.engines.device import peak_memory_mb, resolve_device
 from gspo_cli.train.engines.torch_engine import UpdateFailed
 from gspo_cli.train.run.checkpoint import checkpoint_at_or_before, latest_checkpoint, roll_back_to
 from gspo_cli.train.run.cold_start import load_recipe_model, run_cold_start
-from gspo_cli.train.run.console import TrainingDisplay
+from gspo_cli.train.run.console import TrainingDisplay, heldout_change
 from gspo_cli.train.run.folder import prepare_run_dir
 from gspo_cli.train.run.guard import Decision, Guard, Remedy, resume_advice, rollback_target
 from gspo_cli.train.run.heldout import heldout_accuracy
@@ -351,14 +351,8 @@ def _finish(
     write_text_atomic(run_dir / SUMMARY, json.dumps(summary, indent=2))
     if quiet:
         return
-    if 0 in result.heldout and len(result.heldout) > 1:
-        last = max(result.heldout)
-        before, after = result.heldout[0], result.heldout[last]
-        console.print(
-            f"held-out accuracy: before RL {before:.1%} -> after {last} steps {after:.1%} "
-            f"({(after - before) * 100:+.1f} points)",
-            highlight=False,
-        )
+    if 0 in result.heldout and len(result.heldout) > 1:  # with answered and any-form beside
+        console.print(heldout_change(run_dir, result.heldout), highlight=False)
     console.print(f"run folder: {run_dir}", highlight=False)
 
 

@@ -48,5 +48,5 @@ def collect_groups(
     rewards = [r + p for r, p in zip(scores.totals, overlong, strict=True)]
     return ScoredGroups(
         rollout, rewards, scores.correct, overlong, [True] * len(prompts), scores.metrics,
-        t_rollout - t0, time.perf_counter() - t_rollout,
+        t_rollout - t0, time.perf_counter() - t_rollout, scores.answered, scores.correct_any_form,
     )  # fmt: skip

@@ -106,6 +106,21 @@ def summarise(
         tokens_per_s=rollout.num_completion_tokens / max(time_step_s, 1e-9),
     )
     out.update(tool_metrics(rollout))
+    out.update(form_metrics(scored))
+    return out
+
+
+def form_metrics(scored: ScoredGroups) -> dict[str, float]:
+    """`answered` (share in the expected answer form) and `accuracy_any_form` (maths: share
+    right in any form) of the step's responses, beside the strict `accuracy`; each only when
+    the reward measured it (rewards/answer_forms.py)."""
+    out: dict[str, float] = {}
+    for key, values in (
+        ("answered", scored.answered),
+        ("accuracy_any_form", scored.correct_any_form),
+    ):
+        if values:
+            out[key] = sum(values) / len(values)
     return out
 
 

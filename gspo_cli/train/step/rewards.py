@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe.reward import RewardConfig, RewardFunctionConfig
-from gspo_cli.rewards.binding import BoundReward, RewardServices, bind_reward
+from gspo_cli.rewards.answer_forms import BOXED, EXPECTED_FORM, answered, any_form_correct
+from gspo_cli.rewards.binding import ANSWER_COLUMN, BoundReward, RewardServices, bind_reward
 from gspo_cli.rewards.code.isolation import allow_weak_isolation, checked_mode
 from gspo_cli.rewards.contract import (
     NoneAs,
@@ -35,6 +36,11 @@ class RewardScores(NamedTuple):
     totals: list[float]  # [N] weighted sums
     correct: list[float]  # [N] 1.0 where the first function scored 1.0 or more
     metrics: dict[str, float]  # reward/<name>/mean per function, over the completions it scored
+    # [N] answer forms (rewards/answer_forms.py), when the first function is `math` or `code`:
+    # 1.0 where the answer is in its expected form; 1.0 where a maths answer in any form is
+    # right. None when not measured (another first function, or no maths verifier).
+    answered: list[float] | None = None
+    correct_any_form: list[float] | None = None
 
 
 class RewardModel:
@@ -57,6 +63,9 @@ class RewardModel:
         self.none_as: list[NoneAs] = [f.none_as for f in cfg.functions]
         self.labels = metric_labels(cfg.functions)
         self.timeout_s = cfg.timeout_s
+        # The first function's expected answer form; `accuracy` is that function's verdict.
+        self.form = EXPECTED_FORM.get(cfg.functions[0].name) if cfg.functions else None
+        self.math_pool = services.math_pool
         # in the worker: users' functions, unless handed a shared worker (a pool stays here)
         isolated = [i for i, f in enumerate(self.functions) if _isolated(f)]
         self._slot = {i: slot for slot, i in enumerate(isolated)}
@@ -91,7 +100,21 @@ class RewardModel:
             raise GspoError(
                 f"reward: the weighted sum overflows at completion {bad} ({totals[bad]})"
             )
-        return RewardScores(totals, correct, metrics)
+        return RewardScores(totals, correct, metrics, *self._forms(completions, rows, correct))
+
+    def _forms(
+        self, completions: list[str], rows: list[dict[str, Any]], correct: list[float]
+    ) -> tuple[list[float] | None, list[float] | None]:
+        """(answered, correct in any form) of each completion, as far as they are measured."""
+        if self.form is None:
+            return None, None
+        shown = [1.0 if answered(c, self.form) else 0.0 for c in completions]
+        if self.form != BOXED or self.math_pool is None:
+            return shown, None
+        golds = [str(row.get(ANSWER_COLUMN)) for row in rows]
+        strict = [c >= 1.0 for c in correct]
+        right = any_form_correct(completions, golds, strict, self.math_pool)
+        return shown, [1.0 if ok else 0.0 for ok in right]
 
     def _scores(
         self,

@@ -27,6 +27,9 @@ class ScoredGroups:
     reward_metrics: dict[str, float] = field(default_factory=dict)  # reward/<name>/mean
     time_rollout_s: float = 0.0
     time_reward_s: float = 0.0
+    # [N] answer forms (train/step/rewards.py RewardScores), None when not measured
+    answered: list[float] | None = None
+    correct_any_form: list[float] | None = None
 
     @property
     def group_size(self) -> int:
@@ -63,7 +66,20 @@ def select_groups(scored: ScoredGroups, groups: list[int], in_loss: bool = True)
         [scored.correct[r] for r in rows],
         [scored.overlong[r] for r in rows],
         [in_loss and scored.in_loss[group] for group in groups],
+        answered=_pick(scored.answered, rows),
+        correct_any_form=_pick(scored.correct_any_form, rows),
     )
+
+
+def _pick(values: list[float] | None, rows: list[int]) -> list[float] | None:
+    return None if values is None else [values[r] for r in rows]
+
+
+def _joined(parts: list[list[float] | None]) -> list[float] | None:
+    """Per-response values of every part one after the other; None unless all parts have them."""
+    if any(part is None for part in parts):
+        return None
+    return [value for part in parts if part is not None for value in part]
 
 
 def concat_groups(
@@ -88,4 +104,6 @@ def concat_groups(
         [k for part in parts for k in part.in_loss],
         reward_metrics,
         *times,
+        _joined([part.answered for part in parts]),
+        _joined([part.correct_any_form for part in parts]),
     )
