@@ -18,7 +18,12 @@ import torch.distributed as dist
 
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
-from gspo_cli.train.engines.metric_rules import combine, mfu_metrics, rank_weight_key
+from gspo_cli.train.engines.metric_rules import (
+    combine,
+    mfu_metrics,
+    rank_weight_key,
+    tool_error_share,
+)
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,7 @@ class DistContext:
             out[key] = combine(key, [float(g[key]) for g in holders], weights)
         out["tokens_per_s"] = out["completion_tokens"] / max(out["time_step_s"], 1e-9)
         out.update(mfu_metrics(out))  # from the summed FLOPs and peaks, not a mean of ratios
+        out.update(tool_error_share(out))  # likewise from the summed tool calls and errors
         return out
 
 

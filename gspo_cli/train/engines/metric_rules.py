@@ -16,6 +16,11 @@ SUMMED = frozenset(
         "flops_rollout",
         "flops_train",
         "peak_flops",
+        "tool_calls",
+        "tool_errors",
+        "tool_refused",
+        "tool_time_s",
+        "tool_outputs_cut",
     }
 )
 # Per-token averages weigh each part by its response tokens.
@@ -76,3 +81,11 @@ def mfu_metrics(metrics: dict[str, float]) -> dict[str, float]:
         if flops is not None and seconds > 0 and peak > 0:
             out[f"mfu_{phase}"] = flops / (seconds * peak)
     return out
+
+
+def tool_error_share(metrics: dict[str, float]) -> dict[str, float]:
+    """`tool_error_frac`: the failed share of the step's tool calls, from the summed counts
+    (ranks combined: not a mean of the ranks' shares); {} without tool calls logged."""
+    if "tool_calls" not in metrics:
+        return {}
+    return {"tool_error_frac": metrics.get("tool_errors", 0.0) / max(metrics["tool_calls"], 1.0)}

@@ -10,7 +10,7 @@ from gspo_cli.algorithms import (
 from gspo_cli.algorithms.advantages import zero_signal_groups
 from gspo_cli.recipe.algorithm import AlgorithmConfig
 from gspo_cli.rollout_batch import RolloutBatch
-from gspo_cli.train.engines.metric_rules import combine
+from gspo_cli.train.engines.metric_rules import combine, tool_error_share
 from gspo_cli.train.step.micro import StepPlan
 from gspo_cli.train.step.scored import ScoredGroups
 from gspo_cli.train.step.settings import StepSettings
@@ -125,19 +125,23 @@ def form_metrics(scored: ScoredGroups) -> dict[str, float]:
 
 
 def tool_metrics(rollout: RolloutBatch) -> dict[str, float]:
-    """Tool use (rollout.tools): calls and failed calls per response, the share of calls that
-    failed, tool seconds per step, results cut to output_max_tokens, trajectories a result did
-    not fit in, and tool tokens per response; {} without tools."""
+    """Tool use (rollout.tools): calls, failed calls and calls refused past max_calls (counts
+    and per response), the failed share, tool seconds, results cut to output_max_tokens,
+    trajectories a result did not fit in, tool tokens per response; {} without tools. Counts
+    add up over ranks and the failed share is taken from them (train/engines/metric_rules.py)."""
     traces = rollout.tool_traces
     if not traces:
         return {}
-    n, calls = len(traces), sum(t.calls for t in traces)
-    return {
-        "tool_calls_per_response": calls / n,
+    n = len(traces)
+    out = {
+        "tool_calls": float(sum(t.calls for t in traces)),
+        "tool_errors": float(sum(t.errors for t in traces)),
+        "tool_refused": float(sum(t.refused for t in traces)),
+        "tool_calls_per_response": sum(t.calls for t in traces) / n,
         "tool_errors_per_response": sum(t.errors for t in traces) / n,
-        "tool_error_frac": sum(t.errors for t in traces) / max(calls, 1),
         "tool_time_s": sum(t.seconds for t in traces),
         "tool_outputs_cut": float(sum(t.cut_outputs for t in traces)),
         "tool_budget_ended_frac": sum(t.ended_by_budget for t in traces) / n,
         "tool_tokens_per_response": sum(t.tool_tokens for t in traces) / n,
     }
+    return {**out, **tool_error_share(out)}
