@@ -70,6 +70,7 @@ RECIPE = "recipe.yaml"
 METRICS = "metrics.jsonl"
 SAMPLES = "samples.jsonl"  # also in an eval output folder
 EVALS = "eval.jsonl"
+JUDGE_CACHE = "judge_cache.jsonl"  # an LLM judge's parsed answers (rank 0; judge_cache.rankN.jsonl)
 EVENTS = "events.jsonl"  # guard events (non-finite stop, collapse warn/stop/rollback); never cut
 SUMMARY = "summary.json"  # also in a comparison folder
 COLD_START = "cold_start"
@@ -104,6 +105,11 @@ LOW_SPACE_BYTES = 4 * 2**20
 def step_folder(step: int) -> str:
     """`step_NNNNNN`: zero-padded, so that names sort in step order."""
     return f"step_{step:06d}"
+
+
+def judge_cache_file(rank: int) -> str:
+    """Each process appends its own judge cache: one writer per file."""
+    return JUDGE_CACHE if rank == 0 else JUDGE_CACHE.replace(".jsonl", f".rank{rank}.jsonl")
 
 
 def staging(name: str) -> str:

@@ -34,9 +34,33 @@ class RewardFunctionConfig(Section):
     @model_validator(mode="after")
     def _bind_options(self) -> RewardFunctionConfig:
         from gspo_cli.rewards.binding import check_options, resolve_reward
+        from gspo_cli.rewards.contract import check_options_together
 
-        checked = check_options(self.name, resolve_reward(self.name), self.options)
+        fn = resolve_reward(self.name)
+        checked = check_options(self.name, fn, self.options)
+        check_options_together(fn, checked, self.none_as)  # e.g. a judge's template and mode
         if checked != self.options:
+            self.options = checked
+        return self
+
+
+class HeldoutJudgeConfig(Section):
+    every: int = Field(
+        ..., ge=1, description="Judge held-out prompts' responses every N steps (and the last)."
+    )
+    options: dict[str, Any] = Field(
+        ..., description="The `judge` reward's options (model, template, parse...): docs/judges.md."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> HeldoutJudgeConfig:
+        from gspo_cli.rewards.binding import check_options, resolve_reward
+        from gspo_cli.rewards.contract import check_options_together
+
+        fn = resolve_reward("judge")
+        checked = check_options("judge", fn, self.options)
+        check_options_together(fn, checked, "skip")  # its mean leaves skipped ones out
+        if checked != self.options:  # assignment validates again: only when it changes
             self.options = checked
         return self
 
@@ -61,6 +85,11 @@ class RewardConfig(Section):
         description="Seconds per completion (not per call or step): each maths check; a call "
         "of your own function on N completions gets N x this, and says every 30 s that it is "
         "still running.",
+    )
+    heldout_judge: HeldoutJudgeConfig | None = Field(
+        None,
+        description="Another judge scoring held-out prompts' responses beside the training "
+        "judge (judge_heldout/mean, judge_train/mean): judge hacking shows as the two part.",
     )
     sandbox: SandboxConfig = Field(
         default_factory=SandboxConfig, description="The code sandbox's isolation policy."

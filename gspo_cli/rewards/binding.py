@@ -14,8 +14,8 @@ A reward function's signature says everything the trainer needs to know:
 - keyword-only parameters are options, set from the recipe's `options` and checked against
   their annotations when the recipe loads (a misspelt option is an error with a suggestion;
   `**kwargs` never takes an option);
-- keyword-only parameters named after a `RewardServices` field (`math_pool`, `judge_pool`) are
-  shared workers the trainer hands in; a recipe cannot set them.
+- keyword-only parameters named after a `RewardServices` field (`math_pool`, `judge_pool`,
+  `reward_context`) are shared workers the trainer hands in; a recipe cannot set them.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from gspo_cli.rewards.code.judge import JudgePool
+from gspo_cli.rewards.context import RewardContext
 from gspo_cli.rewards.contract import declares_structured_answers
 from gspo_cli.rewards.import_probe import probe_import
 from gspo_cli.rewards.math_verifier import MathVerifierPool
@@ -46,6 +47,7 @@ class RewardServices:
 
     math_pool: MathVerifierPool | None = None
     judge_pool: JudgePool | None = None
+    reward_context: RewardContext | None = None  # model-backed rewards: cache, device, counts
 
 
 SERVICE_NAMES = frozenset(f.name for f in fields(RewardServices))

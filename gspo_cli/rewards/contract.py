@@ -22,6 +22,7 @@ from typing import Any, Literal, TypeVar
 NoneAs = float | Literal["skip"] | None  # recipe: reward.functions[].none_as
 MAX_MESSAGE = 200  # characters of an exception's message kept in the one-line error
 STRUCTURED_ANSWERS = "takes_structured_answers"  # the attribute that declares it
+OPTIONS_CHECK = "check_options_together"  # the attribute that holds a function's options check
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,6 +35,26 @@ def takes_structured_answers(fn: F) -> F:
 
 def declares_structured_answers(fn: Callable[..., Any]) -> bool:
     return getattr(fn, STRUCTURED_ANSWERS, False) is True
+
+
+def options_checked_by(check: Callable[[dict[str, Any], NoneAs], None]) -> Callable[[F], F]:
+    """Decorator: `check(options, none_as)` runs when the recipe loads, for what no single
+    option's type can say (options that depend on one another; a None the entry must allow)."""
+
+    def mark(fn: F) -> F:
+        setattr(fn, OPTIONS_CHECK, check)
+        return fn
+
+    return mark
+
+
+def check_options_together(
+    fn: Callable[..., Any], options: dict[str, Any], none_as: NoneAs
+) -> None:
+    """Run `fn`'s declared options check, if any (ValueError with the one line)."""
+    check = getattr(fn, OPTIONS_CHECK, None)
+    if check is not None:
+        check(options, none_as)
 
 
 class RewardFailure(Exception):

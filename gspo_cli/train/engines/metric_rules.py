@@ -21,6 +21,10 @@ SUMMED = frozenset(
         "tool_refused",
         "tool_time_s",
         "tool_outputs_cut",
+        "judge/parse_failures",
+        "judge/errors",
+        "judge/calls",
+        "judge/cache_hits",
     }
 )
 # Per-token averages weigh each part by its response tokens.

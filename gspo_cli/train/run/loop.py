@@ -44,6 +44,7 @@ from gspo_cli.train.run.console import TrainingDisplay, heldout_change
 from gspo_cli.train.run.folder import prepare_run_dir
 from gspo_cli.train.run.guard import Decision, Guard, Remedy, resume_advice, rollback_target
 from gspo_cli.train.run.heldout import heldout_accuracy
+from gspo_cli.train.run.heldout_judge import judge_heldout
 from gspo_cli.train.run.log import RunLog
 from gspo_cli.train.run.prepare import PreparedRun, prepare_run
 from gspo_cli.train.run.problem_sets import Problems, eval_format, eval_params, run_problems
@@ -148,6 +149,7 @@ def run_loop(run: PreparedRun) -> TrainResult:
                 continue
             if step % recipe.eval.every == 0 or step == steps:
                 result.heldout[step] = metrics["heldout_accuracy"] = _evaluate(run, step)
+            metrics.update(judge_heldout(run, step))  # reward.heldout_judge, every N steps
             for line in guard.notices(step, metrics):
                 display.note(line)
             short = short_notice(step, metrics, recipe.rollout.dynamic_sampling_max_rounds)

@@ -25,9 +25,10 @@ from gspo_cli.models.loading import convert_first
 from gspo_cli.models.lora import Adapters
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import RewardServices
+from gspo_cli.rewards.context import RewardContext
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
-from gspo_cli.run_folder import CHECKPOINTS, COLD_START, step_folder
+from gspo_cli.run_folder import CHECKPOINTS, COLD_START, judge_cache_file, step_folder
 from gspo_cli.train.async_rollouts.trainer import AsyncRollouts
 from gspo_cli.train.engines.adapters import (
     base_name,
@@ -194,7 +195,7 @@ def prepare_run(
     )
     rollout_engine = make_rollout_engine(local, spec)
     math_pool = MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s)
-    reward = RewardModel(recipe.reward, RewardServices(math_pool=math_pool))
+    reward = RewardModel(recipe.reward, _reward_services(math_pool, run_dir, ctx.rank, device))
     sampler = PromptSampler(len(train_set.rows), recipe.data.seed + recipe.trainer.seed)
     wandb_run = _wandb(recipe, run_dir, resume) if ctx.is_main else None
     log = RunLog(run_dir, wandb_run, enabled=ctx.is_main)
@@ -211,6 +212,15 @@ def prepare_run(
         rollout_engine, ref_engine, reward, math_pool, sampler, log, settings, state,
         stop or StopRequest(), state.step,
     )  # fmt: skip
+
+
+def _reward_services(
+    math_pool: MathVerifierPool, run_dir: Path, rank: int, device: torch.device
+) -> RewardServices:
+    """The rewards' shared workers; judges and reward models run on the trainer's device and
+    keep their answers in the run folder (a resume asks nothing twice)."""
+    context = RewardContext(run_dir / judge_cache_file(rank), str(device))
+    return RewardServices(math_pool=math_pool, reward_context=context)
 
 
 def _local_rollout_engine(recipe: Recipe, synced: bool) -> str:

@@ -14,6 +14,7 @@ import inspect
 import math
 import sys
 from collections import Counter
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from gspo_cli.errors import GspoError
@@ -21,6 +22,7 @@ from gspo_cli.recipe.reward import RewardConfig, RewardFunctionConfig
 from gspo_cli.rewards.answer_forms import BOXED, EXPECTED_FORM, answered, any_form_correct
 from gspo_cli.rewards.binding import ANSWER_COLUMN, BoundReward, RewardServices, bind_reward
 from gspo_cli.rewards.code.isolation import allow_weak_isolation, checked_mode
+from gspo_cli.rewards.context import RewardContext
 from gspo_cli.rewards.contract import (
     NoneAs,
     RewardFailure,
@@ -55,6 +57,9 @@ class RewardModel:
         allow_weak_isolation(cfg.sandbox.allow_weak_isolation)
         if any(f.name == "code" for f in cfg.functions):
             checked_mode()  # no usable sandbox: one line now, not after the model has loaded
+        # judges and reward models count into it; a caller without one (the async worker) too
+        self.context = services.reward_context or RewardContext()
+        services = replace(services, reward_context=self.context)
         try:
             self.functions = [bind_reward(f.name, f.options, services) for f in cfg.functions]
         except ValueError as exc:
@@ -95,6 +100,7 @@ class RewardModel:
             if scored:  # a function that skipped every completion has no mean this step
                 metrics[f"reward/{self.labels[i]}/mean"] = sum(scored) / len(scored)
             metrics.update(task_means(self.labels[i], scores, rows))  # reasoning-gym's tasks
+        metrics.update(self.context.drain())  # judge/parse_failures, judge/errors...
         bad = next((j for j, t in enumerate(totals) if not math.isfinite(t)), None)
         if bad is not None:
             raise GspoError(

@@ -1,0 +1,172 @@
+"""Who answers a judge's question: a built-in rule, an OpenAI-compatible server, a local LM.
+
+- `builtin:overlap`: the F1 of the completion's and the reference answer's words (lower-cased
+  runs of letters and digits, counted as multisets, as SQuAD's F1); no answer: an error.
+- `builtin:length`: min(1, words / 100): a judge that prefers longer answers, the verbosity bias
+  of real judges made explicit (a reward to hack, beside an honest held-out judge).
+  Built-in judges score directly in [0, 1]: no template, no parse, the same in both modes.
+- `http(s)://host:port/v1`: POST {url}/chat/completions (one user message, temperature 0); the
+  reply is `choices[0].message.content`. `timeout_s` bounds the connection and every read.
+- any other value: a causal LM checkpoint (a folder or hub id) that generates its judgement
+  greedily, `max_new_tokens` at most, through its chat template when it has one; loaded once
+  per process and device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import urllib.error
+import urllib.request
+from collections import Counter
+from typing import Any
+
+BUILTIN_PREFIX = "builtin:"
+BUILTINS = ("overlap", "length")
+LENGTH_WORDS = 100  # builtin:length's score reaches 1 at this many words
+URL_PREFIXES = ("http://", "https://")
+WORD = re.compile(r"[a-z0-9]+")
+
+_LOADED: dict[tuple[str, str], tuple[Any, Any]] = {}  # (path, device) -> (model, tokenizer)
+_LOAD_LOCK = threading.Lock()
+
+
+class JudgeError(Exception):
+    """A judge call failed (refused, timed out, a broken answer); the message says how."""
+
+
+def check_judge_model(model: str) -> str:
+    """`model` when it names a built-in, a URL or a loadable causal LM; ValueError otherwise."""
+    if model.startswith(BUILTIN_PREFIX):
+        if model[len(BUILTIN_PREFIX) :] not in BUILTINS:
+            known = ", ".join(BUILTIN_PREFIX + b for b in BUILTINS)
+            raise ValueError(f"unknown built-in judge {model!r}; known: {known}")
+        return model
+    if model.startswith(URL_PREFIXES):
+        if not re.match(r"https?://[^/\s:]+(:\d+)?(/\S*)?$", model):
+            raise ValueError(f"judge URL {model!r} is not http(s)://host[:port]/path")
+        return model
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(model)
+    except (OSError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise ValueError(f"cannot load a judge model from {model!r}: {first}") from None
+    return model
+
+
+def builtin_score(name: str, completion: str, answer: Any) -> float:
+    """A built-in judge's score in [0, 1] (see the module's docstring)."""
+    words = WORD.findall(completion.lower())
+    if name == "length":
+        return min(1.0, len(words) / LENGTH_WORDS)
+    if answer is None:
+        raise JudgeError("builtin:overlap needs the reference answer column, which is empty")
+    gold = WORD.findall(str(answer).lower())
+    common = sum((Counter(words) & Counter(gold)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(words), common / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+def ask_url(
+    url: str,
+    text: str,
+    *,
+    api_model: str,
+    max_tokens: int,
+    timeout_s: float,
+    api_key_env: str | None,
+) -> str:
+    """The server's reply to one user message; JudgeError for a refusal, timeout or bad body."""
+    body = {
+        "model": api_model,
+        "messages": [{"role": "user", "content": text}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+    }
+    headers = {"Content-Type": "application/json"}
+    key = os.environ.get(api_key_env) if api_key_env else None
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(
+        url.rstrip("/") + "/chat/completions", json.dumps(body).encode(), headers, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            payload = response.read()
+    except urllib.error.HTTPError as exc:
+        raise JudgeError(f"HTTP {exc.code} {exc.reason}") from None
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, TimeoutError):
+            raise JudgeError(f"no answer within timeout_s {timeout_s:g}s") from None
+        raise JudgeError(f"cannot reach it ({reason})") from None
+    except TimeoutError:
+        raise JudgeError(f"no answer within timeout_s {timeout_s:g}s") from None
+    except OSError as exc:  # a connection reset mid-answer
+        raise JudgeError(f"connection failed ({exc})") from None
+    try:
+        content = json.loads(payload)["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise JudgeError(f"not a chat-completions answer: {payload[:80]!r}") from None
+    if not isinstance(content, str):
+        raise JudgeError("the answer's message has no text content")
+    return content
+
+
+def load_judge_lm(path: str, device: str) -> tuple[Any, Any]:
+    """(model, tokenizer) of a causal LM judge, loaded once per process for (path, device)."""
+    with _LOAD_LOCK:
+        if (path, device) not in _LOADED:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(path)
+                model: Any = AutoModelForCausalLM.from_pretrained(path)
+            except (OSError, ValueError) as exc:
+                raise JudgeError(f"does not load: {exc}") from None
+            if tokenizer.pad_token_id is None:
+                tokenizer.pad_token = tokenizer.eos_token
+            tokenizer.padding_side = "left"  # generation continues every row from its end
+            _LOADED[(path, device)] = (model.to(device).eval(), tokenizer)
+        return _LOADED[(path, device)]
+
+
+def ask_local(
+    path: str, texts: list[str], *, device: str, max_new_tokens: int, batch_size: int
+) -> list[str]:
+    """A local causal LM's greedy replies to `texts`, in batches."""
+    import torch
+
+    model, tokenizer = load_judge_lm(path, device)
+    templated = bool(getattr(tokenizer, "chat_template", None))
+    if templated:
+        texts = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True
+            )
+            for t in texts
+        ]
+    replies: list[str] = []
+    for start in range(0, len(texts), batch_size):
+        batch = tokenizer(
+            texts[start : start + batch_size],
+            return_tensors="pt",
+            padding=True,
+            add_special_tokens=not templated,
+        ).to(device)
+        with torch.no_grad():
+            out = model.generate(
+                **batch,
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        new = out[:, batch["input_ids"].shape[1] :]
+        replies.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
+    return replies
