@@ -62,6 +62,7 @@ def _summary(recipe: Recipe) -> str:
         f"{algo.loss_agg}), model {recipe.model.path}, data {recipe.data.source}, "
         f"{recipe.trainer.steps} steps x {rollout.num_prompts} prompts x {rollout.group_size} "
         f"samples, {algo.minibatches} minibatches, {_reward_limit(recipe)}"
+        + ("" if algo.distill is None else f", distilling from {algo.distill.teacher}")
     )
 
 
@@ -75,17 +76,23 @@ def _reward_limit(recipe: Recipe) -> str:
 def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
     """Check a recipe; exit 0 with a summary or 2 with one line per problem."""
     resolved = load_recipe(recipe, set_)
-    _check_lora(recipe, resolved)
+    _check_lora(recipe, resolved, hub=False)
     console.print(Text.assemble(("ok", "green"), f" {_summary(resolved)}"))
 
 
-def _check_lora(file: Path, recipe: Recipe) -> None:
-    """A LoRA target the model lacks or ties, or a rank too large for its layers or the
-    machine's memory: one line, exit 2, before anything is written."""
+def _check_lora(file: Path, recipe: Recipe, *, hub: bool) -> None:
+    """A LoRA target the model lacks or ties, a rank too large for its layers or the machine's
+    memory, a teacher with other token ids: one line, exit 2, before anything is written."""
+    problems = []  # imported only where needed: both load torch; `hub`: train, not validate
     if recipe.model.lora.r:
         from gspo_cli.train.engines.adapters import early_lora_problem
 
-        problem = early_lora_problem(recipe)
+        problems.append(early_lora_problem(recipe))
+    if recipe.algorithm.distill is not None:
+        from gspo_cli.train.run.teacher import teacher_problem
+
+        problems.append(teacher_problem(recipe, hub=hub))
+    for problem in problems:
         if problem is not None:
             raise RecipeError(str(file), [problem])
 
@@ -122,7 +129,7 @@ def train(
         from gspo_cli.train.run.resume import check_resumed_base
 
         check_resumed_base(resolved, run_dir)  # before the target check converts the file
-    _check_lora(recipe, resolved)
+    _check_lora(recipe, resolved, hub=True)
     from gspo_cli.train.engines.launch import says_summary
 
     if says_summary():  # once: not again in each rank that --nproc starts

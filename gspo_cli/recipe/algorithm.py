@@ -9,6 +9,40 @@ from pydantic import Field, field_validator, model_validator
 
 from gspo_cli.recipe.section import Section, registered
 
+BUILTIN_PREFIX = "builtin:"  # models/builtin.py's; a string here keeps torch out of validation
+
+
+class DistillConfig(Section):
+    """On-policy distillation (docs/distillation.md): a frozen teacher scores the student's
+    samples; each model token's advantage is log pi_T - log pi_old, mixed with the task's."""
+
+    teacher: str = Field(
+        description="The teacher: any model path gspo loads (builtin:NAME, an HF folder or hub "
+        "id, a .gguf file, a checkpoint); its tokenizer must be the student's. Checked (it "
+        "exists, its tokenizer) by gspo validate and gspo train, not when a recipe is read."
+    )
+    coef: float = Field(1.0, gt=0, description="Weight of the reverse-KL advantage a_t.")
+    task_reward_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of the rewards' group advantage A_i in A_t = task_reward_coef x A_i "
+        "+ coef x a_t; 0 = pure distillation.",
+    )
+    seed: int | None = Field(
+        None,
+        description="Seed of a seeded built-in teacher (builtin:tiny-dense...); None: "
+        "trainer.seed. Other teachers have no seed.",
+    )
+
+    @model_validator(mode="after")
+    def _seed_needs_builtin(self) -> DistillConfig:
+        if self.seed is not None and not self.teacher.startswith(BUILTIN_PREFIX):
+            raise ValueError(
+                f"algorithm.distill.seed has no effect with teacher {self.teacher}: only a "
+                "built-in teacher is seeded"
+            )
+        return self
+
 
 class AlgorithmConfig(Section):
     name: str = Field(
@@ -85,6 +119,11 @@ class AlgorithmConfig(Section):
         ge=0,
         description="Refresh the KL reference to the current policy every N steps; 0 = it stays "
         "the initial policy.",
+    )
+    distill: DistillConfig | None = Field(
+        None,
+        description="On-policy distillation from a teacher (teacher, coef, task_reward_coef); "
+        "None = off.",
     )
     sequence_unit: Literal["trajectory", "turn"] = Field(
         "trajectory",

@@ -121,6 +121,10 @@ def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     model = data.get("model")
     if isinstance(model, dict) and isinstance(model.get("path"), str):
         model["path"] = resolve_model_folder(model["path"], folder)
+    algorithm = data.get("algorithm")  # the distillation teacher: a model path one level down
+    distill = algorithm.get("distill") if isinstance(algorithm, dict) else None
+    if isinstance(distill, dict) and isinstance(distill.get("teacher"), str):
+        distill["teacher"] = resolve_model_folder(resolve_path(distill["teacher"], folder), folder)
     return data
 
 

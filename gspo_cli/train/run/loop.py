@@ -208,6 +208,7 @@ def _one_step(run: PreparedRun, step: int) -> tuple[Any, dict[str, float]]:
         run.ref_engine,
         ctx=ctx,
         group_offset=collected.group_offset,
+        teacher=run.teacher,
     )
     output.index = collected.index
     refresh(run.ref_engine, recipe.algorithm.ref_update_every, step, run.engine)  # KL reference

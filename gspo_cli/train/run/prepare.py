@@ -56,6 +56,8 @@ from gspo_cli.train.run.reference import BaseReference, reference_state
 from gspo_cli.train.run.resume import resume_changes, resume_from_checkpoint
 from gspo_cli.train.run.signals import StopRequest
 from gspo_cli.train.run.state import RunState
+from gspo_cli.train.run.teacher import check_teacher, load_teacher
+from gspo_cli.train.step.distill import Teacher
 from gspo_cli.train.step.old_policy import EngineLogprobs, resolve_engine_logprobs
 from gspo_cli.train.step.rewards import RewardModel
 from gspo_cli.train.step.sampler import PromptSampler
@@ -84,6 +86,7 @@ class PreparedRun:
     stop: StopRequest  # set by SIGTERM; see stop_at_boundary
     start: int = 0  # the last step already done when this process began (0 for a new run)
     rollouts: AsyncRollouts | None = None  # rollout.max_staleness > 0: the rollout worker
+    teacher: Teacher | None = None  # algorithm.distill: the frozen teacher
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]] | None:
@@ -159,10 +162,12 @@ def prepare_run(
     console = (console or plain) if ctx.is_main else Console(quiet=True)
     # a GGUF (or a LoRA checkpoint's GGUF base) is converted or refused before the run folder
     convert_first(recipe.model.path, what="model.path")
+    check_teacher(recipe)  # a teacher with other token ids: refused before the run folder
     changes = _open_run_dir(run_dir, resume, recipe_yaml, ctx)
     console.print(f"run folder: {run_dir}", highlight=False)  # first, so a user can look in
     for line in changes:
         console.print(line, highlight=False, soft_wrap=True)
+    teacher = load_teacher(recipe, device, console)
     torch.manual_seed(recipe.trainer.seed)
     model, tokenizer = load_recipe_model(recipe)
     problems = run_problems(recipe, tokenizer)
@@ -210,7 +215,7 @@ def prepare_run(
     return PreparedRun(
         recipe, ctx, device, run_dir, console, tokenizer, train_set, eval_problems, engine,
         rollout_engine, ref_engine, reward, math_pool, sampler, log, settings, state,
-        stop or StopRequest(), state.step,
+        stop or StopRequest(), state.step, teacher=teacher,
     )  # fmt: skip
 
 
@@ -262,7 +267,9 @@ def engine_logprobs_mode(recipe: Recipe) -> EngineLogprobs:
         top_p=recipe.rollout.top_p,
         top_k=recipe.rollout.top_k,
         routing_replay=recipe.algorithm.routing_replay,
-        kl_in_reward=recipe.algorithm.kl_coef > 0 and recipe.algorithm.kl_in == "reward",
+        # a KL in the reward and distillation both read pi_old of every row before the updates
+        kl_in_reward=(recipe.algorithm.kl_coef > 0 and recipe.algorithm.kl_in == "reward")
+        or recipe.algorithm.distill is not None,
         asynchronous=recipe.rollout.max_staleness > 0,
     )
 

@@ -29,6 +29,7 @@ from gspo_cli.rollout.base import RolloutEngine
 from gspo_cli.train.engines.distributed import LOCAL, DistContext
 from gspo_cli.train.engines.torch_engine import LogprobModel, TrainEngine
 from gspo_cli.train.step.collect import collect_groups
+from gspo_cli.train.step.distill import Teacher, sequence_view, teacher_advantages, token_signal
 from gspo_cli.train.step.metrics import add_mismatch, count_skipped_rows, shaping_metrics, summarise
 from gspo_cli.train.step.micro import StepPlan, plan_step, rows_with_signal
 from gspo_cli.train.step.old_policy import (
@@ -79,7 +80,7 @@ def _micro_batch_loss(
     loss, metrics = compute_policy_loss(
         logprobs,
         old,
-        advantages[index].to(device),
+        (advantages[index] if advantages.dim() == 1 else advantages[index, :width]).to(device),
         mask,
         algorithm=algo.name,
         clip_low=float(algo.clip_low or 0),
@@ -140,12 +141,14 @@ def rl_step(
     seeds: list[int] | None = None,
     ctx: DistContext = LOCAL,
     group_offset: int = 0,
+    teacher: Teacher | None = None,
 ) -> StepOutput:
     """One RL step on this rank's prompts (whole groups): collection, then training."""
     scored = collect_groups(rollout_engine, reward, prompts, rows, settings, seeds, sync=True)
     return train_groups(
-        engine, scored, settings, step_seed, ref_engine, ctx=ctx, group_offset=group_offset
-    )
+        engine, scored, settings, step_seed, ref_engine, ctx=ctx, group_offset=group_offset,
+        teacher=teacher,
+    )  # fmt: skip
 
 
 @dataclass
@@ -164,6 +167,13 @@ class _Prepared:
     old: OldPolicy = field(init=False)
     loss_mask: torch.Tensor = field(init=False)  # [N, T] pi_old's mask, rows out of the loss 0
     turns: torch.Tensor | None = None  # [N, T] model turns, with sequence_unit: turn
+    token_advantages: torch.Tensor | None = None  # [N, T] with distillation (distill.py)
+    distill_metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def loss_advantages(self) -> torch.Tensor:
+        """`[N]` or `[N, T]`: what the losses take."""
+        return self.advantages if self.token_advantages is None else self.token_advantages
 
     def set_old(self, old: OldPolicy) -> None:
         self.old = old
@@ -179,6 +189,7 @@ def _prepare(
     ref_engine: LogprobModel | None,
     ctx: DistContext,
     group_offset: int,
+    teacher: Teacher | None = None,
 ) -> _Prepared:
     """Batch, minibatches, micro-batch plan, pi_old and reference log-probs of a step."""
     algo, params = settings.algorithm, settings.sampling
@@ -201,11 +212,12 @@ def _prepare(
         ),
         ctx=ctx,
         # the engine's log-probs are compared with (or corrected by) pi_old of every row, and a
-        # KL in the reward reads pi_old and the reference of every row
+        # KL in the reward (or distillation) reads pi_old and the reference (teacher) of every row
         forward_all=(
             rollout.completion_logprobs is not None and settings.use_engine_logprobs is False
         )
-        or settings.kl_in_reward,
+        or settings.kl_in_reward
+        or teacher is not None,
         # [N] groups, where the training forward runs each distinct prompt once
         prompts=torch.arange(n) // g if engine.capabilities.shares_prompts_at(row_width) else None,
     )
@@ -233,6 +245,15 @@ def _prepare(
         )  # fmt: skip
         signal = rows_with_signal(prepared.advantages, settings.skips_zero_advantage)  # [N]
         prepared.plan = plan_for(signal & in_loss)
+    if teacher is not None and algo.distill is not None:  # per-token advantages: plan again
+        if prepared.old.unchecked:  # prepare.py resolves `auto` to a recompute with a teacher
+            raise ValueError("distillation needs pi_old of every row before the updates")
+        prepared.token_advantages, prepared.distill_metrics = teacher_advantages(
+            teacher, algo.distill, batch, prepared.plan.forward, temperature,
+            prepared.advantages, prepared.old.logprobs, ctx,
+        )  # fmt: skip
+        signal = token_signal(prepared.token_advantages, batch.response_mask)  # [N]
+        prepared.plan = plan_for(rows_with_signal(signal, settings.skips_zero_advantage) & in_loss)
     return prepared
 
 
@@ -245,8 +266,10 @@ def train_groups(
     *,
     ctx: DistContext = LOCAL,
     group_offset: int = 0,
+    teacher: Teacher | None = None,
 ) -> StepOutput:
-    """The training phase on this rank's scored groups; losses use global normalisers."""
+    """The training phase on this rank's scored groups; losses use global normalisers. With
+    `teacher` (algorithm.distill), the advantages are per token (train/step/distill.py)."""
     algo, g = settings.algorithm, settings.sampling.num_samples
     t_start = time.perf_counter()
     # Rewards are shaped here, the one place before the group advantages. The overlong penalty
@@ -254,8 +277,12 @@ def train_groups(
     # float64, as the KL-in-reward path: the advantages are computed in float64 either way
     reward_t = torch.tensor(scored.rewards, dtype=torch.float64)  # [N]
     advantages = group_advantages(reward_t, g, scale=algo.scale_advantages)  # [N]
-    prep = _prepare(engine, scored, advantages, settings, step_seed, ref_engine, ctx, group_offset)
+    prep = _prepare(
+        engine, scored, advantages, settings, step_seed, ref_engine, ctx, group_offset, teacher
+    )
     advantages = prep.advantages  # a KL in the reward changes them
+    if prep.token_advantages is not None:  # the metrics see each row's mean
+        advantages = sequence_view(prep.token_advantages, prep.batch.response_mask)  # [N]
     parts, bad_updates = _updates(engine, prep, settings, ctx)
     old = prep.old
     for key, value in {**old.metrics, "pi_old_from_engine": float(old.from_engine)}.items():
@@ -266,6 +293,7 @@ def train_groups(
     summary.update(prep.routing.metrics())
     summary.update(scored.reward_metrics)  # reward/<name>/mean of each function
     summary.update(prep.kl_metrics)
+    summary.update(prep.distill_metrics)
     summary["bad_updates"] = float(sum(bad_updates))
     # the no-grad passes that ran: pi_old recomputed, the reference policy
     passes = [prep.inputs.plan] * ((not old.from_engine) + (prep.ref_lp is not None))
@@ -313,7 +341,7 @@ def _updates(
             else:
                 loss = _micro_batch_loss(
                     parts, settings, number == 0, prep.old.from_engine, logprobs, entropy, index,
-                    width, prep.old.logprobs, prep.ref_lp, prep.advantages, prep.loss_mask,
+                    width, prep.old.logprobs, prep.ref_lp, prep.loss_advantages, prep.loss_mask,
                     prep.old.weights, norm, prep.turns,
                 )  # fmt: skip
                 aux = routing.aux_loss(router_logits, sub)
