@@ -138,7 +138,7 @@ def test_a_broken_contract_is_one_line_naming_the_function(
 def test_none_counts_only_as_the_recipe_says(user: Callable[[str], str]) -> None:
     for none_as, total in ((0.5, 0.5), ("skip", 0.0)):
         model = _model(RewardFunctionConfig(name=user("some_none"), none_as=none_as))
-        totals, correct, metrics = model(COMPLETIONS, ROWS)
+        totals, correct, metrics = model(COMPLETIONS, ROWS)[:3]
         assert totals == [1.0, 1.0, total, 1.0] and correct == [1.0, 1.0, 0.0, 1.0]
         # skip: the completion is not scored, so it is left out of the function's mean
         expected = 1.0 if none_as == "skip" else 3.5 / 4
@@ -201,7 +201,7 @@ def test_a_user_reward_keeps_working_after_many_calls(user: Callable[[str], str]
     """One worker process serves every call; options reach it."""
     model = _model(RewardFunctionConfig(name=user("length"), options={"scale": 2}))
     for _ in range(3):
-        totals, _, metrics = model(COMPLETIONS, ROWS)
+        totals, _, metrics = model(COMPLETIONS, ROWS)[:3]
         assert totals == [12.0, 16.0, 8.0, 14.0] and metrics == {"reward/length/mean": 12.5}
     model.close()
 
@@ -214,7 +214,7 @@ def test_trl_style_rewards_get_prompts_and_every_column(user: Callable[[str], st
     ]  # fmt: skip
     assert kwargs["prompts"] == ["Q0", "Q1", "Q2", "Q3"] and kwargs["id"] == [0, 1, 2, 3]
     model = _model(RewardFunctionConfig(name=user("trl_style")))
-    totals, _, _ = model(COMPLETIONS, ROWS)
+    totals, _, _ = model(COMPLETIONS, ROWS)[:3]
     assert totals == [2.0, 3.0, 4.0, 5.0]
     model.close()
     # **kwargs takes data, never a knob: an option must still be a keyword-only parameter
@@ -224,7 +224,7 @@ def test_trl_style_rewards_get_prompts_and_every_column(user: Callable[[str], st
 
 def test_a_first_parameter_named_prompts_gets_the_prompts(user: Callable[[str], str]) -> None:
     model = _model(RewardFunctionConfig(name=user("prompts_first")))
-    totals, _, _ = model(COMPLETIONS, ROWS)
+    totals, _, _ = model(COMPLETIONS, ROWS)[:3]
     assert totals == [1.0, 1.0, 0.0, 1.0]
     model.close()
     with pytest.raises(ValueError, match="no parameter takes the completions \\('prompts' is not"):
@@ -253,7 +253,7 @@ def test_each_function_has_its_mean_in_the_metrics(user: Callable[[str], str]) -
         RewardFunctionConfig(name=user("length"), weight=0.5),
         RewardFunctionConfig(name=user("prompts_first"), weight=2.0),
     )
-    totals, _, metrics = model(COMPLETIONS, ROWS)
+    totals, _, metrics = model(COMPLETIONS, ROWS)[:3]
     assert totals == [5.0, 6.0, 2.0, 5.5]
     assert metrics == {"reward/length/mean": 6.25, "reward/prompts_first/mean": 0.75}
     model.close()
