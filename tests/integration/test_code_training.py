@@ -27,7 +27,7 @@ def test_the_recipes_reward_scores_code_problems_from_the_training_data(shared: 
     good = f"Here it is.\n```python\n{TSHIRTS}```"
     bad = "```python\nprint(0)\n```"
     reward = RewardModel(recipe.reward, RewardServices())
-    rewards, correct, _ = reward([good, bad, "no code"], [row, row, row])
+    rewards, correct, _ = reward([good, bad, "no code"], [row, row, row])[:3]
     assert rewards == [1.0, 0.0, 0.0] and correct == [1.0, 0.0, 0.0]
 
 
