@@ -49,6 +49,8 @@ PLOTS: dict[str, tuple[str, str]] = {
     "expert_volatility": ("MoE expert-routing volatility", "share of routed experts changed"),
     "mismatch_token_abs_mean": ("Rollout engine vs trainer", "mean |delta log p| per token"),
     "tool_calls_per_response": ("Tool calls per response", "calls"),
+    "judge_train/mean": ("Training judge on held-out prompts", "judge score"),
+    "judge_heldout/mean": ("Held-out judge on held-out prompts", "judge score"),
 }
 # Which verdicts are marked on which plot.
 MARKS = {

@@ -27,9 +27,14 @@ HELDOUT, RATIO_SPREAD = "heldout_accuracy", "ratio_spread"
 HELDOUT_FORMS = {f"heldout_{key}": key for key in HELDOUT_FORM_KEYS}
 
 
+# The judges' scores on held-out prompts (reward.heldout_judge), every N steps: the training
+# judge rising while the held-out judge falls is judge hacking (docs/judges.md).
+JUDGES = (("judge_train/mean", "judge_train"), ("judge_heldout/mean", "judge_heldout"))
+
+
 def is_heldout(key: str) -> bool:
     """A curve of the sparse held-out evaluations: never smoothed."""
-    return key == HELDOUT or key in HELDOUT_FORMS
+    return key == HELDOUT or key in HELDOUT_FORMS or key in dict(JUDGES)
 
 
 @dataclass(frozen=True)

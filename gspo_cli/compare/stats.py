@@ -20,6 +20,7 @@ from gspo_cli.compare.runs import Run
 from gspo_cli.compare.series import (
     HELDOUT,
     HELDOUT_FORMS,
+    JUDGES,
     RATIO_SPREAD,
     metric_series,
     smooth,
@@ -160,6 +161,8 @@ def run_stats(run: Run, window: int, extra: list[str]) -> dict[str, Any]:
     stats.update(_curve_ends(run, HELDOUT, "heldout", 1))  # sparse evals: never smoothed
     for key in HELDOUT_FORMS:  # answered and accuracy in any form beside it
         stats.update(_curve_ends(run, key, key, 1))
+    for key, prefix in JUDGES:  # the training judge beside a held-out one (docs/judges.md)
+        stats.update(_curve_ends(run, key, prefix, 1))
     entropy = _curve_ends(run, "entropy", "entropy", window)
     stats.update({k: v for k, v in entropy.items() if k.endswith(("_first", "_last"))})
     for key in (*MEANS, *extra):

@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gspo_cli.compare.seeds import stability_text
+from gspo_cli.compare.series import JUDGES
 from gspo_cli.compare.stats import Comparison, RunReport, SeedGroup
 from gspo_cli.compare.verdicts import STABLE, verdict_text
 
@@ -119,12 +120,12 @@ def _heldout(report: RunReport) -> str | None:
     return f"{first:.1%} → {last:.1%} (best {best:.1%} @ {step})"
 
 
-def _first_last(prefix: str) -> Cell:
-    """A held-out curve's first → last value (answer forms: few evaluations, no best)."""
+def _first_last(prefix: str, fmt: str = "{:.1%}") -> Cell:
+    """A held-out curve's first → last value (answer forms, judges: few evaluations, no best)."""
 
     def cell(report: RunReport) -> str | None:
         values = _get(report, f"{prefix}_first", f"{prefix}_last")
-        return None if values is None else f"{values[0]:.1%} → {values[1]:.1%}"
+        return None if values is None else f"{fmt.format(values[0])} → {fmt.format(values[1])}"
 
     return cell
 
@@ -174,6 +175,9 @@ def row_specs(cmp: Comparison) -> list[RowSpec]:
     )
     for key, label in HELDOUT_FORM_ROWS:  # form and substance: docs/evaluation.md
         specs.append(RowSpec(label, key, _first_last(key), f"{key}_last", points))
+    for key, prefix in JUDGES:  # judge hacking shows as these two parting ways
+        label = f"{prefix.replace('_', ' ')} first → last"
+        specs.append(RowSpec(label, key, _first_last(prefix, "{:.3f}"), f"{prefix}_last"))
     labels = dict.fromkeys(label for r in cmp.reports for label in r.stats["eval"])
     specs += [RowSpec(f"eval {lb}", "eval", _eval_cell(lb), f"eval:{lb}") for lb in labels]
     specs += [

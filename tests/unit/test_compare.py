@@ -329,3 +329,16 @@ def test_tool_runs_show_their_calls_and_runs_without_tools_do_not(tmp_path: Path
     out_plain = tmp_path / "plain"
     assert compare_runs([plain], out=out_plain, console=recording_console()) == 0
     assert not (out_plain / "tool_calls_per_response.png").exists()
+
+
+def test_a_hacked_judge_shows_as_the_two_judges_parting(tmp_path: Path) -> None:
+    rows = [metrics_row(s, 0.3, 1.0) for s in range(1, 7)]
+    for row, (train, heldout) in zip(rows[1::2], ((0.4, 0.5), (0.6, 0.4), (0.8, 0.3)), strict=True):
+        row.update({"judge_train/mean": train, "judge_heldout/mean": heldout})
+    run = write_run(tmp_path, "judged", rows)
+    out, console = tmp_path / "out", recording_console()
+    assert compare_runs([run], out=out, console=console) == 0
+    text = console_text(console)
+    assert "judge train first → last" in text and "0.400 → 0.800" in text
+    assert "judge heldout first → last" in text and "0.500 → 0.300" in text
+    assert (out / "judge_heldout_mean.png").exists() or any(out.glob("judge_heldout*.png"))
