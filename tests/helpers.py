@@ -88,6 +88,24 @@ TINY_TASK = {
 }
 
 
+def train_until_checkpoint(
+    recipe: Path, out: Path, timeout: float = 300
+) -> subprocess.Popen[bytes]:
+    """`gspo train recipe --out out` in a child, returned once its first checkpoint is written
+    (or it ended, or `timeout` passed): the caller kills it there."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gspo_cli.cli", "train", str(recipe), "--out", str(out)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    latest = out / "checkpoints" / "latest"
+    deadline = time.monotonic() + timeout
+    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return proc
+
+
 def write_recipe(folder: Path, overrides: dict[str, Any]) -> Path:
     """`folder/recipe.yaml`: the tiny task with `overrides` merged in."""
     from gspo_cli.recipe import deep_merge

@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, children, descendants, invoke_cli, run_cli, wait_gone
+from tests.helpers import (
+    REPO,
+    children,
+    descendants,
+    invoke_cli,
+    run_cli,
+    train_until_checkpoint,
+    wait_gone,
+)
 
 ASYNC = {"rollout": {"num_prompts": 4, "group_size": 4, "max_new_tokens": 24}}
 COMPARED = ("loss", "reward_mean", "grad_norm", "seq_ratio_mean", "clip_frac", "response_len_mean")
@@ -83,16 +91,8 @@ def test_resume_after_sigkill_gives_the_records_of_the_uninterrupted_run(  # typ
     assert any(a[s]["reward_std"] > 0 for s in a), "no reward signal: the test would be vacuous"
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gspo_cli.cli", "train", str(recipe), "--out", str(killed)],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = train_until_checkpoint(recipe, killed)
     latest = killed / "checkpoints" / "latest"
-    deadline = time.monotonic() + 300
-    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
     family = descendants(proc.pid)  # the rollout worker and its reward pools, among others
     assert _worker_pids(proc.pid), "no rollout worker found: the test would be vacuous"
     os.kill(proc.pid, signal.SIGKILL)

@@ -7,9 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +14,13 @@ import pytest
 from gspo_cli.recipe import deep_merge, load_recipe
 from gspo_cli.run_folder import COLD_START
 from gspo_cli.train.run.loop import run_sft_only
-from tests.helpers import REPO, invoke_cli, one_error_line, run_cli, write_recipe
+from tests.helpers import (
+    invoke_cli,
+    one_error_line,
+    run_cli,
+    train_until_checkpoint,
+    write_recipe,
+)
 
 TOOL_TASK = {
     "data": {"arithmetic": {"tool_rate": 1.0, "unboxed_rate": 0.0}},
@@ -63,16 +66,7 @@ def test_a_killed_tool_run_resumes_record_for_record(tool_checkpoint: Path, tmp_
     straight = tmp_path / "straight"
     assert run_cli("train", str(recipe), "--out", str(straight)).returncode == 0
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gspo_cli.cli", "train", str(recipe), "--out", str(killed)],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    latest = killed / "checkpoints" / "latest"
-    deadline = time.monotonic() + 300
-    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    proc = train_until_checkpoint(recipe, killed)
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
     result = run_cli("train", str(recipe), "--out", str(killed), "--resume")

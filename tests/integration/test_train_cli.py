@@ -7,13 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from gspo_cli.run_folder import RUN_MARKER
-from tests.helpers import REPO, invoke_cli, run_cli
+from tests.helpers import REPO, invoke_cli, run_cli, train_until_checkpoint
 
 COMPARED = (
     "loss",
@@ -85,16 +84,8 @@ def test_resume_after_sigkill_reproduces_the_uninterrupted_run(tiny_recipe, tmp_
     assert result.returncode == 0, result.stderr[-2000:]
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gspo_cli.cli", "train", str(recipe), "--out", str(killed)],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = train_until_checkpoint(recipe, killed)
     latest = killed / "checkpoints" / "latest"
-    deadline = time.monotonic() + 300
-    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
     stopped_at = int(latest.read_text().strip().removeprefix("step_"))
