@@ -106,6 +106,33 @@ def train_until_checkpoint(
     return proc
 
 
+def run_metrics(run: Path) -> dict[int, dict[str, Any]]:
+    """A run folder's metrics.jsonl, by step."""
+    import json
+
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return {rec["step"]: rec for rec in map(json.loads, lines)}
+
+
+def kill_during_run(command: list[str], out: Path, timeout: float = 600) -> int:
+    """Run `gspo COMMAND` (a train into `out`) in its own session, SIGKILL the whole process
+    group as soon as its first checkpoint is written; returns that checkpoint's step."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gspo_cli.cli", *command],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # launcher and ranks die together (parent-death signals)
+    )
+    latest = out / "checkpoints" / "latest"
+    deadline = time.monotonic() + timeout
+    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return int(latest.read_text().strip().removeprefix("step_"))
+
+
 def write_recipe(folder: Path, overrides: dict[str, Any]) -> Path:
     """`folder/recipe.yaml`: the tiny task with `overrides` merged in."""
     from gspo_cli.recipe import deep_merge

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, invoke_cli, run_cli, write_recipe
+from tests.helpers import invoke_cli, kill_during_run, run_cli, write_recipe
 
 pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.slow
@@ -108,20 +103,7 @@ def test_resume_after_kill_with_two_processes(
 ) -> None:
     ds = (*DEEPSPEED, *ZERO2, *TWO)
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gspo_cli.cli", "train", str(ds_recipe), "--out", str(killed), *ds],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # torchrun and the ranks die with gspo train (parent-death signals)
-    )
-    latest = killed / "checkpoints" / "latest"
-    deadline = time.monotonic() + 600
-    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    stopped_at = int(latest.read_text().strip().removeprefix("step_"))
+    stopped_at = kill_during_run(["train", str(ds_recipe), "--out", str(killed), *ds], killed)
     assert stopped_at < STEPS, "the run ended before it could be killed"
     _train(ds_recipe, killed, *ds, "--resume")
     a, b = _metrics(zero2_two_processes), _metrics(killed)

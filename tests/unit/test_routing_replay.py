@@ -27,7 +27,7 @@ from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import TorchEngine
-from gspo_cli.train.step.replay import StepRouting
+from gspo_cli.train.step.replay import ProbeRow, StepRouting
 from gspo_cli.train.step.update import rl_step
 from tests.rl_helpers import PROMPTS, LengthParityReward, tiny_step
 
@@ -256,6 +256,39 @@ def test_the_step_measures_volatility_per_update(replay: str) -> None:
     assert all(math.isfinite(v) for v in metrics.values())
 
 
+class _TwoRanks:
+    """A DistContext stand-in whose all_gather returns rank 0's and rank 1's values."""
+
+    def __init__(self, other: object) -> None:
+        self.other = other
+
+    def all_gather(self, value: object) -> list[object]:
+        return [value, self.other]
+
+
+def test_volatility_keeps_the_globally_first_probe_rows_over_ranks() -> None:
+    """Each rank probes its own first rows; the metric keeps the first PROBE_ROWS rows by
+    global index wherever they sit, weighted by their tokens: the same rows (and figure) as
+    one process measures, at any world size."""
+    plan = StepRouting(_qwen3_moe(), "off", 4, None, aux_coef=0.0)
+    # update 0: rank 0 holds rows 8 and 9, rank 1 rows 0 and 1 (the global first two);
+    # update 1: rank 0 trained nothing (its stand-in is uncounted), rank 1 rows 2 and 5.
+    plan.updates = [
+        [ProbeRow(8, [4.0] * 4, 4), ProbeRow(9, [4.0] * 4, 4)],
+        [],
+    ]
+    other = [
+        [ProbeRow(0, [1.0, 0.0, 0.0, 0.0], 2), ProbeRow(1, [1.0, 2.0, 0.0, 0.0], 6)],
+        [ProbeRow(5, [0.0] * 4, 3), ProbeRow(2, [3.0] * 4, 3)],
+    ]
+    metrics = plan.metrics(_TwoRanks(other))  # type: ignore[arg-type]
+    assert [metrics[f"expert_volatility_layer{i}"] for i in range(4)] == pytest.approx(
+        [(2 / 8 + 3 / 6) / 2, (2 / 8 + 3 / 6) / 2, 3 / 6 / 2, 3 / 6 / 2]
+    )
+    assert metrics["expert_volatility_update0"] == pytest.approx((2 / 8 + 2 / 8) / 4)
+    assert metrics["expert_volatility_update1"] == pytest.approx(0.5)
+
+
 def test_router_aux_loss_is_the_models_own_and_off_by_default() -> None:
     torch.manual_seed(0)
     model = _qwen3_moe()
@@ -268,15 +301,13 @@ def test_router_aux_loss_is_the_models_own_and_off_by_default() -> None:
     ).aux_loss
     plan = StepRouting(model, "off", 3, None, aux_coef=0.5)
     index = torch.arange(3)
-    with plan.training_forward(batch, index, None) as logits:
+    with plan.training_forward(batch, index) as logits:
         response_logprobs(model, batch, 1.0)
     aux = plan.aux_loss(logits, batch)
     assert aux is not None
     torch.testing.assert_close(aux, 0.5 * expected)
     assert aux.requires_grad
-    with StepRouting(model, "off", 3, None, aux_coef=0.0).training_forward(
-        batch, index, None
-    ) as none:
+    with StepRouting(model, "off", 3, None, aux_coef=0.0).training_forward(batch, index) as none:
         assert none is None
     metrics = _moe_step("off", aux=0.01)
     assert metrics["router_aux_loss"] > 0

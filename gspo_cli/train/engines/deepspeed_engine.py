@@ -104,6 +104,7 @@ class DeepSpeedEngine:
         )
         self.ctx = ctx
         self.zero_stage = settings.deepspeed.zero_stage
+        self._zero0_norm = float("nan")  # ZeRO-0: the last boundary's gradient norm
         self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model,
             optimizer=optimizer,
@@ -145,6 +146,11 @@ class DeepSpeedEngine:
         self.ds.set_gradient_accumulation_boundary(boundary)
         if loss is not None:
             self.ds.backward(loss * self.ctx.world, scale_wrt_gas=False)
+        if boundary and self.zero_stage == 0:
+            # ZeRO-0 clips without keeping the norm: read it from the gradients, which the
+            # boundary's backward has all-reduced (the same on every rank)
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            self._zero0_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
         self.ds.step()  # applies the optimiser only on the accumulation boundary
 
     def step(self, skip: bool = False) -> tuple[float, bool]:
@@ -153,9 +159,7 @@ class DeepSpeedEngine:
         cannot be taken back, so it stops the run (the plain engine skips it instead)."""
         if not self.ds.was_step_applied():
             raise RuntimeError("DeepSpeed did not step at the minibatch boundary")
-        norm = self.ds.get_global_grad_norm()
-        if norm is None:  # ZeRO-0 computes no global norm: nothing to check here
-            return float("nan"), True
+        norm = self._zero0_norm if self.zero_stage == 0 else self.ds.get_global_grad_norm()
         grad_norm = float(norm)
         if not math.isfinite(grad_norm):
             raise UpdateFailed("DeepSpeed applied an update with a non-finite gradient norm")

@@ -6,14 +6,13 @@
   Every position of a sequence is forced, the prompt's included: prompt tokens reach the
   response's through attention, so freeing them would still move the response's routing.
 - Expert volatility, as the paper defines it: the share of the same tokens' top-k experts that
-  change across ONE optimiser update. Before update m, the router's own choice for a probe of
-  minibatch m's sequences is recorded during their training forward (free: the choice is seen
-  even when replay overrides it); after the update, one no-grad forward of the probe alone
-  measures it again, under the same replay as before it (so a replayed upstream layer does not
-  count as a change). Response tokens only; per update and per layer. `measure_volatility=False`
-  (`StepSettings.measure_volatility`) leaves out the forward after an update and so the
-  volatility metrics (the recording before the update still runs: the benchmarks that turn
-  the probe off were measured so).
+  change across ONE optimiser update. Around update m, two no-grad forwards of a probe (the
+  first PROBE_ROWS trained rows of minibatch m, by global row index) read the router's own
+  choice before and after it, under the same replay as training (so a replayed upstream layer
+  does not count as a change). Response tokens only; per update and per layer. Each rank
+  measures its own first rows; the ranks' measurements are gathered and the globally first
+  PROBE_ROWS rows kept, so the metric is the same quantity, over the same tokens, at any world
+  size. `measure_volatility=False` (`StepSettings.measure_volatility`) leaves both forwards out.
 
 Dense models get a `StepRouting` that does nothing.
 """
@@ -22,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from typing import NamedTuple
 
 import torch
 from transformers import PreTrainedModel
@@ -35,17 +35,26 @@ from gspo_cli.models.routing import (
     split_rows,
     volatility,
 )
+from gspo_cli.train.engines.distributed import DistContext
 
-PROBE_ROWS = 2  # sequences per update whose routing is measured again after it
+PROBE_ROWS = 2  # rows per update whose routing is measured before and after it
 
 
-def _response_routing(routing: torch.Tensor, batch: TrainBatch, rows: int) -> list[torch.Tensor]:
-    """The first `rows` rows' experts of the model's response tokens (tool results left out),
-    each `[L, model_tokens, k]`."""
-    per_row = split_rows(routing[:, :rows], batch.attention_mask[:rows])
-    response = batch.attention_mask[:rows, batch.prompt_width :]  # [rows, T] tool tokens too
+class ProbeRow(NamedTuple):
+    """One probe row's routing change across an update."""
+
+    row: int  # global row index (the same row at any world size)
+    changed: list[float]  # [L] sum over its model tokens of the share of top-k experts changed
+    tokens: int  # its model tokens
+
+
+def _response_routing(routing: torch.Tensor, batch: TrainBatch) -> list[torch.Tensor]:
+    """Each row's experts at the model's response tokens (tool results left out), `[L, t, k]`."""
+    rows = batch.input_ids.shape[0]
+    per_row = split_rows(routing[:, :rows], batch.attention_mask)
+    response = batch.attention_mask[:, batch.prompt_width :]  # [rows, T] tool tokens too
     out = []
-    for r, real, model in zip(per_row, response, batch.response_mask[:rows], strict=True):
+    for r, real, model in zip(per_row, response, batch.response_mask, strict=True):
         length = int(real.sum())
         out.append(r[:, r.shape[1] - length :][:, model[:length].bool()])
     return out
@@ -64,6 +73,7 @@ class StepRouting:
         *,
         records_routing: bool | None = None,
         measure_volatility: bool = True,
+        first_row: int = 0,
     ) -> None:
         self.model = model
         # `records_routing`: the engine's capabilities (None: the model's own, as in tests)
@@ -79,8 +89,10 @@ class StepRouting:
             if rollout_routing is None:
                 raise ValueError("routing_replay rollout needs the rollout's routed experts")
             self.cache = list(rollout_routing)
-        self.updates: list[torch.Tensor] = []  # per applied update `[L]` volatility
+        self.first_row = first_row  # the global index of this rank's row 0
+        self.updates: list[list[ProbeRow]] = []  # per applied update, this rank's probe rows
         self._probe: torch.Tensor | None = None  # rows measured across the coming update
+        self._counts = False  # whether they are rows the loss trained (not a rank's stand-in)
         self._before: list[torch.Tensor] = []
 
     @property
@@ -106,28 +118,21 @@ class StepRouting:
 
     @contextmanager
     def training_forward(
-        self, sub: TrainBatch, index: torch.Tensor, probe: torch.Tensor | None
+        self, sub: TrainBatch, index: torch.Tensor
     ) -> Iterator[list[torch.Tensor] | None]:
-        """A training forward of rows `index`: replays the cached experts (R2/R3), records the
-        router's own choice for the probe rows (the first rows of `index`, when given) and
-        yields the routers' logits when the aux loss is on (else None)."""
+        """A training forward of rows `index`: replays the cached experts (R2/R3) and yields
+        the routers' logits when the aux loss is on (else None)."""
         if self.routing is None:
             yield None
             return
         with ExitStack() as stack:
             if self.mode != "off":
                 stack.enter_context(self._replay(sub, index))
-            recording = stack.enter_context(self.routing.record()) if probe is not None else None
-            logits = (
+            yield (
                 stack.enter_context(self.routing.router_logits_of(self.model))
                 if self.aux_coef > 0
                 else None
             )
-            yield logits
-        if recording is not None and probe is not None:
-            natural = recording.routing(len(index), "natural")
-            self._probe = probe
-            self._before = _response_routing(natural, sub, len(probe))
 
     def aux_loss(self, logits: list[torch.Tensor] | None, sub: TrainBatch) -> torch.Tensor | None:
         """`router_aux_coef` x the model's load-balancing loss over `sub`'s real tokens."""
@@ -136,17 +141,42 @@ class StepRouting:
         mask = sub.attention_mask.to(logits[0].device)
         return self.aux_coef * load_balancing_loss(self.model, logits, mask)
 
-    @torch.no_grad()
-    def after_update(self, batch: TrainBatch, applied: bool) -> None:
-        """Measure the probe rows' routing again, now that the update is in the weights."""
-        probe, self._probe = self._probe, None
-        if self.routing is None or probe is None or not applied or not self.measure_volatility:
+    def before_update(self, batch: TrainBatch, trained: torch.Tensor, stand_in: int) -> None:
+        """Measure the router's own choice for the probe of the coming update: the first
+        PROBE_ROWS of `trained` (this rank's rows the update trains) by row index. A rank that
+        trains none measures row `stand_in` (its filler), uncounted, so that every rank runs
+        the same forwards (ZeRO-3 gathers parameters in each)."""
+        if self.routing is None or not self.measure_volatility:
             return
-        sub = batch.select(probe).trimmed()
+        self._counts = len(trained) > 0
+        probe = trained.sort().values[:PROBE_ROWS] if self._counts else torch.tensor([stand_in])
+        self._probe = probe
+        self._before = self._natural_routing(batch, self._probe)
+
+    def after_update(self, batch: TrainBatch, applied: bool) -> None:
+        """Measure the probe's routing again, now that the update is in the weights."""
+        probe, self._probe = self._probe, None
+        if probe is None or not applied:
+            return
+        after = self._natural_routing(batch, probe)
+        rows = [
+            ProbeRow(
+                self.first_row + int(row), (volatility(b, a) * b.shape[1]).tolist(), b.shape[1]
+            )
+            for row, b, a in zip(probe.tolist(), self._before, after, strict=True)
+        ]
+        self.updates.append(rows if self._counts else [])
+
+    @torch.no_grad()
+    def _natural_routing(self, batch: TrainBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+        """The router's own choice at the model tokens of `rows` (each `[L, t, k]`), in a
+        forward under the step's replay."""
+        assert self.routing is not None
+        sub = batch.select(rows).trimmed()
         device = next(self.model.parameters()).device
         with ExitStack() as stack:
-            if self.mode != "off":  # the same forced experts as before the update
-                stack.enter_context(self._replay(sub, probe))
+            if self.mode != "off":  # the same forced experts as training
+                stack.enter_context(self._replay(sub, rows))
             recording = stack.enter_context(self.routing.record())
             self.model(
                 input_ids=sub.input_ids.to(device),
@@ -155,22 +185,29 @@ class StepRouting:
                 use_cache=False,
                 logits_to_keep=1,  # only the routing is read
             )
-        after = _response_routing(recording.routing(len(probe), "natural"), sub, len(probe))
-        self.updates.append(volatility(torch.cat(self._before, 1), torch.cat(after, 1)))
+        return _response_routing(recording.routing(len(rows), "natural"), sub)
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, ctx: DistContext) -> dict[str, float]:
         """`expert_volatility` (mean over the step's updates and layers), per update and per
-        layer; the replay setting itself is in the recipe."""
-        if not self.updates:
+        layer, over the globally first PROBE_ROWS trained rows of each update (every rank's
+        probe gathered: the same on every rank, at any world size); the replay setting itself
+        is in the recipe."""
+        if self.routing is None or not self.updates:
             return {}
-        per_update = torch.stack(self.updates)  # [updates, L]
-        out = {"expert_volatility": float(per_update.mean())}
-        out.update(
-            {f"expert_volatility_update{m}": float(v.mean()) for m, v in enumerate(per_update)}
-        )
-        out.update(
-            {f"expert_volatility_layer{i}": float(v) for i, v in enumerate(per_update.mean(0))}
-        )
+        per_rank = ctx.all_gather(self.updates)  # every rank measured every applied update
+        per_update = []  # [L] each
+        for update in zip(*per_rank, strict=True):
+            probe = sorted(row for rank in update for row in rank)[:PROBE_ROWS]
+            tokens = sum(row.tokens for row in probe)
+            if tokens:
+                changed = torch.tensor([row.changed for row in probe], dtype=torch.float64)
+                per_update.append(changed.sum(0) / tokens)
+        if not per_update:
+            return {}
+        stacked = torch.stack(per_update)  # [updates, L]
+        out = {"expert_volatility": float(stacked.mean())}
+        out.update({f"expert_volatility_update{m}": float(v.mean()) for m, v in enumerate(stacked)})
+        out.update({f"expert_volatility_layer{i}": float(v) for i, v in enumerate(stacked.mean(0))})
         return out
 
     @contextmanager

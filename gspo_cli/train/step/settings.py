@@ -23,8 +23,8 @@ class StepSettings:
     skip_zero_advantage: bool = True
     overlong_buffer: int = 0  # DAPO's L_cache (reward.overlong_buffer); 0 = no length penalty
     overlong_penalty: float = 1.0  # the penalty at max_new_tokens (reward.overlong_penalty)
-    # MoE: expert volatility across each update (step/replay.py's probe: one no-grad forward of
-    # PROBE_ROWS rows after it); False leaves it out (benchmarks of equal work)
+    # MoE: expert volatility across each update (step/replay.py's probe: a no-grad forward of
+    # PROBE_ROWS rows before and after it); False leaves it out (benchmarks of equal work)
     measure_volatility: bool = True
 
     @property

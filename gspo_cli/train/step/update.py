@@ -40,7 +40,7 @@ from gspo_cli.train.step.old_policy import (
     forward_no_grad,
     pi_old,
 )
-from gspo_cli.train.step.replay import PROBE_ROWS, StepRouting
+from gspo_cli.train.step.replay import StepRouting
 from gspo_cli.train.step.rewards import RewardModel
 from gspo_cli.train.step.scored import ScoredGroups
 from gspo_cli.train.step.settings import StepOutput, StepSettings
@@ -227,6 +227,7 @@ def _prepare(
         engine.model, algo.routing_replay, n, rollout.routed_experts, algo.router_aux_coef,
         records_routing=engine.capabilities.records_routing,
         measure_volatility=settings.measure_volatility,
+        first_row=group_offset * g,
     )  # fmt: skip
     inputs = PiOldInputs(
         engine, batch, plan.forward, temperature, routing, ctx, engine_logprobs_of(rollout, batch)
@@ -290,7 +291,7 @@ def train_groups(
     t_train = time.perf_counter() - t_start
     summary = summarise(parts, scored, reward_t, g, advantages, t_train, engine.lr)
     summary.update(shaping_metrics(scored, settings))
-    summary.update(prep.routing.metrics())
+    summary.update(prep.routing.metrics(ctx))
     summary.update(scored.reward_metrics)  # reward/<name>/mean of each function
     summary.update(prep.kl_metrics)
     summary.update(prep.distill_metrics)
@@ -322,11 +323,15 @@ def _updates(
         turns = None if prep.turns is None else prep.turns[minibatch]
         norm = ctx.all_reduce_sum(loss_normalizer(prep.loss_mask[minibatch], agg, turns))
         minibatch_loss, bad_minibatch = 0.0, False
+        trained = [m.rows for m in micro_batches if not m.filler]
+        routing.before_update(
+            batch, torch.cat(trained) if trained else torch.tensor([], dtype=torch.long),
+            stand_in=int(micro_batches[0].rows[0]),
+        )  # fmt: skip
         for part, (index, filler) in enumerate(micro_batches):
             sub = batch.select(index).trimmed()
             width = sub.response_mask.shape[1]
-            probe = index[:PROBE_ROWS] if part == 0 and routing.is_moe else None
-            with routing.training_forward(sub, index, probe) as router_logits:
+            with routing.training_forward(sub, index) as router_logits:
                 logprobs, entropy = engine.logprobs(
                     sub, temperature, entropy=False if filler else settings.entropy_mode
                 )
