@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-import yaml
 from rich.console import Console
 from rich.text import Text
 
 from gspo_cli.engines import TRAIN_ENGINES, multi_process_engines
 from gspo_cli.errors import GspoError, Stopped
-from gspo_cli.recipe import Recipe, RecipeError, load_recipe
+from gspo_cli.recipe import Recipe, RecipeError, dump_recipe_yaml, load_recipe
 from gspo_cli.registry import UnknownNameError
 from gspo_cli.run_folder import COLD_START, HF_CONFIG, run_dir_of, write_error
 from gspo_cli.train.run.signals import (
@@ -119,7 +118,7 @@ def train(
         int, typer.Option("--nproc", min=1, help="Processes per node (DeepSpeed engine).")
     ] = 1,
     hostfile: Annotated[
-        Path | None, typer.Option(help="DeepSpeed hostfile for several nodes.")
+        Path | None, typer.Option(help="DeepSpeed hostfile: train over ssh, --nproc on each host.")
     ] = None,
 ) -> None:
     """Run RL training (cold start first when the recipe enables it)."""
@@ -145,6 +144,10 @@ def train(
             if not TRAIN_ENGINES.get(resolved.trainer.engine).several_processes:
                 engines = multi_process_engines()
                 raise GspoError(f"--nproc/--hostfile need trainer.engine: {engines} in the recipe")
+            if resume:  # here, not in rank 0 alone: its refusal would leave the others waiting
+                from gspo_cli.train.run.resume import check_resumable
+
+                check_resumable(run_dir, dump_recipe_yaml(resolved))
             raise typer.Exit(launch(recipe, set_ or [], resolved, run_dir, resume, nproc, hostfile))
         yaml_text = dump_recipe_yaml(resolved)
         run_training(resolved, yaml_text, run_dir=run_dir, resume=resume, console=console)
@@ -341,10 +344,6 @@ def _recipe_from_overrides(overrides: list[str] | None) -> Recipe:
     for override in overrides or []:
         apply_override(raw, override, "--set")
     return validate_recipe(raw, "--set")
-
-
-def dump_recipe_yaml(recipe: Recipe) -> str:
-    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
 
 
 def _quiet_libraries() -> None:

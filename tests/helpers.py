@@ -133,6 +133,58 @@ def kill_during_run(command: list[str], out: Path, timeout: float = 600) -> int:
     return int(latest.read_text().strip().removeprefix("step_"))
 
 
+# What two MoE runs must share (tests/integration/test_deepspeed_moe.py says why these
+# tolerances): losses, norms, rewards and ratios to 1e-4 relative, expert volatility to 1e-6.
+MOE_COMPARED = (
+    "loss",
+    "grad_norm",
+    "reward_mean",
+    "seq_ratio_mean",
+    "token_ratio_mean",
+    "clip_frac",
+    "response_len_mean",
+)
+MOE_ROUTING = ("expert_volatility", "expert_volatility_update0", "expert_volatility_update1")
+
+
+def assert_same_moe_runs(a: dict[int, dict[str, Any]], b: dict[int, dict[str, Any]]) -> None:
+    """Run `b` reproduces run `a` step by step (metrics by step, as `run_metrics` reads them)."""
+    import pytest
+
+    assert any(a[s]["grad_norm"] > 0 for s in a), "no gradient signal: the test would be vacuous"
+    assert all(a[s]["expert_volatility"] > 0 for s in a), "no expert moved: vacuous"
+    assert sorted(b) == sorted(a)
+    for step in a:
+        for key in (k for k in MOE_COMPARED if k in a[step] or k in b[step]):
+            assert b[step][key] == pytest.approx(a[step][key], rel=1e-4, abs=1e-6), (step, key)
+        for key in MOE_ROUTING:
+            assert b[step][key] == pytest.approx(a[step][key], abs=1e-6), (step, key)
+        layers = [k for k in a[step] if k.startswith("expert_volatility_layer")]
+        assert layers and all(k in b[step] for k in layers)  # every layer's experts seen
+
+
+class TrainedRuns:
+    """`gspo train` of one recipe under several command-line options, each set trained once
+    (a session-scoped fixture shares them between test modules): `runs(*options)` is the run's
+    metrics by step. Options come in pairs (`--set K=V`, `--nproc N`), in any order."""
+
+    def __init__(self, recipe: Path, root: Path) -> None:
+        self.recipe, self.root = recipe, root
+        self.done: dict[tuple[tuple[str, str], ...], Path] = {}
+
+    def folder(self, *options: str) -> Path:
+        key = tuple(sorted(zip(options[::2], options[1::2], strict=True)))
+        if key not in self.done:
+            out = self.root / f"run{len(self.done)}"
+            result = run_cli("train", str(self.recipe), "--out", str(out), *options)
+            assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+            self.done[key] = out
+        return self.done[key]
+
+    def __call__(self, *options: str) -> dict[int, dict[str, Any]]:
+        return run_metrics(self.folder(*options))
+
+
 def write_recipe(folder: Path, overrides: dict[str, Any]) -> Path:
     """`folder/recipe.yaml`: the tiny task with `overrides` merged in."""
     from gspo_cli.recipe import deep_merge

@@ -13,6 +13,11 @@ indices, and the values at those indices from its own input: whatever the router
 choice. The experts pre-hook then checks that the forced experts arrived; a router this cannot
 reach fails loudly instead of silently not replaying.
 
+DeepSpeed's expert parallelism (AutoEP) replaces each MoE block by an `AutoEPMoELayer` whose
+`router` picks global expert ids with `torch.topk` over every expert before the all-to-all that
+takes tokens to the rank holding each expert: there the router's output is the choice, recorded
+and checked by a hook on the router itself, and the aux loss reads its `gate` (the logits).
+
 Layouts: a forward of `n` rows by `W` positions reaches each MoE layer as `n * W` flattened
 tokens (row-major); a `generate` call reaches it once per decoding step. A routing is an
 int16 tensor `[L, n, W, k]` (L = MoE layers, k = experts per token).
@@ -78,6 +83,7 @@ class _Layer:
     def __init__(self, index: int, owner: ExpertRouting, experts: int, top_k: int) -> None:
         self.index, self.owner, self.experts, self.top_k = index, owner, experts, top_k
         self.mode: _ForcedTopK | None = None
+        self.in_router = False  # inside an AutoEP router's forward
 
     def enter_router(self, _module: nn.Module, _args: Any) -> None:
         if self.owner.forced is not None:
@@ -101,6 +107,25 @@ class _Layer:
         where = owner.forced_where.reshape(indices.shape[:-1]).unsqueeze(-1).to(indices.device)
         chosen = torch.where(where, forced, indices)
         return torch.return_types.topk((scores.gather(-1, chosen), chosen))
+
+    def enter_autoep_router(self, module: nn.Module, args: Any) -> None:
+        self.in_router = True
+        self.enter_router(module, args)
+
+    def leave_autoep_router(self, module: nn.Module, args: Any, output: Any) -> None:
+        """Forward hook of an AutoEP router (`(scores, experts, counts)`, global expert ids over
+        every expert, before dispatch): leave the forcing scope, record and check the choice."""
+        self.in_router = False
+        if self.mode is not None:
+            self.mode.__exit__(None, None, None)
+            self.mode = None
+        self.before_experts(module, (None, output[1]), {})
+
+    def gate_logits(self, _module: nn.Module, _args: Any, output: torch.Tensor) -> None:
+        """Forward hook of an AutoEP router's gate: the router logits for the aux loss (only
+        the router's own call: the layer may run the gate again for its logits output)."""
+        if self.in_router and self.owner.router_logits is not None:
+            self.owner.router_logits.append(output)
 
     def before_experts(
         self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -164,7 +189,14 @@ class ExpertRouting:
         self.router_logits: list[torch.Tensor] | None = None  # per layer [tokens, E], with grad
         self.named_routers = True
         modules = dict(model.named_modules())
-        for path, inner in modules.items():
+        for inner in modules.values():
+            if getattr(inner, "_is_autoep_layer", False):  # DeepSpeed AutoEP: hook its router
+                layer = _Layer(len(self.layers), self, experts, top_k)
+                inner.router.register_forward_pre_hook(layer.enter_autoep_router)
+                inner.router.register_forward_hook(layer.leave_autoep_router)
+                inner.router.gate.register_forward_hook(layer.gate_logits)
+                self.layers.append(layer)
+        for path, inner in modules.items():  # (an AutoEP layer's children take no top_k_index)
             for child_name, child in inner.named_children():
                 if "top_k_index" not in inspect.signature(child.forward).parameters:
                     continue
@@ -193,6 +225,12 @@ class ExpertRouting:
         if model not in _ATTACHED:
             _ATTACHED[model] = cls(model, model.config)
         return _ATTACHED[model]
+
+    @classmethod
+    def forget(cls, model: nn.Module) -> None:
+        """Drop the hooks' bookkeeping of `model` (its MoE blocks were replaced, as DeepSpeed's
+        AutoEP does): the next `of` attaches to the layers it has now."""
+        _ATTACHED.pop(model, None)
 
     @property
     def active(self) -> bool:

@@ -285,3 +285,8 @@ def _closest_field(loc: list[str]) -> str:
         if match
         else f"; valid keys: {', '.join(model.model_fields)}"
     )
+
+
+def dump_recipe_yaml(recipe: Recipe) -> str:
+    """The resolved recipe as the run folder stores it (every key, in schema order)."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)

@@ -88,6 +88,13 @@ class DeepSpeedConfig(Section):
     zero_stage: Literal[0, 1, 2, 3] = Field(2, description="ZeRO stage.")
     offload_optimizer: bool = Field(False, description="Keep optimizer states in CPU memory.")
     offload_params: bool = Field(False, description="Keep parameters in CPU memory (ZeRO-3).")
+    expert_parallel: int = Field(
+        1,
+        ge=1,
+        description="Expert parallelism (DeepSpeed AutoEP): shard each MoE layer's experts "
+        "over this many ranks (must divide the number of processes and the expert count; "
+        "ZeRO 1-3, no LoRA). 1 = every rank holds every expert.",
+    )
     config_file: str | None = Field(
         None,
         description="A DeepSpeed JSON to start from; batch, clipping, precision and optimizer "
@@ -100,4 +107,14 @@ class DeepSpeedConfig(Section):
     def _offload_params_needs_zero3(self) -> DeepSpeedConfig:
         if self.offload_params and self.zero_stage != 3:
             raise ValueError("offload_params needs zero_stage 3")
+        return self
+
+    @model_validator(mode="after")
+    def _expert_parallel_needs_zero(self) -> DeepSpeedConfig:
+        if self.expert_parallel > 1 and self.zero_stage == 0:
+            # ZeRO-0 clips with the mean of the ranks' local norms, each over its own experts
+            raise ValueError(
+                "expert_parallel needs zero_stage 1, 2 or 3 (ZeRO-0's gradient clipping "
+                "would use each rank's norm over its own experts)"
+            )
         return self

@@ -9,7 +9,7 @@ import pytest
 from gspo_cli.recipe import load_recipe
 from gspo_cli.run_folder import COLD_START
 from gspo_cli.train.run.loop import run_sft_only
-from tests.helpers import write_recipe
+from tests.helpers import TrainedRuns, write_recipe
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +35,39 @@ def tiny_recipe(tmp_path: Path, sft_checkpoint: Path):  # type: ignore[no-untype
         return write_recipe(tmp_path, deep_merge(base, overrides))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def moe_recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny task on builtin:tiny-moe after a short cold start (boxed answers: rewards vary,
+    every step has a gradient), 3 steps of 2 minibatches, one seed per prompt, a learning rate
+    that moves experts, a checkpoint at step 2."""
+    folder = tmp_path_factory.mktemp("moe")
+    (folder / "sft").mkdir()
+    boxed = {"arithmetic": {"unboxed_rate": 0.0}}
+    sft = write_recipe(
+        folder / "sft",
+        {
+            "model": {"path": "builtin:tiny-moe"},
+            "cold_start": {"enabled": True, "steps": 300, "lr": 3e-3, "batch_size": 16},
+            "data": boxed,
+        },
+    )
+    run_sft_only(load_recipe(sft), sft.read_text(), run_dir=folder / "sft" / "run")
+    return write_recipe(
+        folder,
+        {
+            "model": {"path": str(folder / "sft" / "run" / COLD_START)},
+            "trainer": {"steps": 3, "checkpoint_every": 2, "out_dir": str(folder / "runs")},
+            "algorithm": {"minibatches": 2},
+            "rollout": {"seed_per_prompt": True},
+            "optimizer": {"lr": 1e-3},
+            "data": boxed,
+        },
+    )
+
+
+@pytest.fixture(scope="session")
+def moe_runs(moe_recipe: Path) -> TrainedRuns:
+    """Runs of `moe_recipe` by their options, each trained once for the whole session."""
+    return TrainedRuns(moe_recipe, moe_recipe.parent / "runs")

@@ -11,10 +11,9 @@ import torch
 from rich.console import Console
 from safetensors.torch import load_file
 
-from gspo_cli.cli import dump_recipe_yaml
 from gspo_cli.errors import GspoError
 from gspo_cli.models import create_builtin
-from gspo_cli.recipe import Recipe, load_recipe
+from gspo_cli.recipe import Recipe, dump_recipe_yaml, load_recipe
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import TorchEngine

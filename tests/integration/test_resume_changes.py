@@ -12,9 +12,8 @@ import pytest
 import yaml
 from rich.console import Console
 
-from gspo_cli.cli import dump_recipe_yaml
 from gspo_cli.errors import GspoError
-from gspo_cli.recipe import load_recipe
+from gspo_cli.recipe import dump_recipe_yaml, load_recipe
 from gspo_cli.train.engines.torch_engine import UpdateFailed
 from gspo_cli.train.run.loop import run_loop
 from gspo_cli.train.run.prepare import prepare_run

@@ -17,17 +17,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from gspo_cli.errors import GspoError
 from gspo_cli.models.forward.batch import TrainBatch
 from gspo_cli.models.forward.capabilities import ModelCapabilities, capabilities_of
 from gspo_cli.models.forward.logprobs import EntropyMode, response_logprobs
+from gspo_cli.models.routing import ExpertRouting, num_experts
 from gspo_cli.train.engines.adapters import add_adapters
-from gspo_cli.train.engines.distributed import DistContext
+from gspo_cli.train.engines.autoep import autoep_layers, autoep_optimizer, hf_weights
+from gspo_cli.train.engines.distributed import DistContext, check_expert_count
 from gspo_cli.train.engines.optimiser import adamw_with_schedule, set_schedule_peak
 from gspo_cli.train.engines.settings import EngineSettings
 from gspo_cli.train.engines.torch_engine import UpdateFailed
+
+EP_FILE = "expert_parallel.json"  # beside DeepSpeed's shards: the expert-parallel size
 
 # Keys the recipe owns; a user's JSON may repeat them only with the same value.
 RECIPE_OWNED = (
@@ -48,7 +52,9 @@ def micro_batches_per_step(settings: EngineSettings, world: int) -> tuple[int, i
     return micro, local_minibatch // micro
 
 
-def deepspeed_config(settings: EngineSettings, world: int) -> dict[str, Any]:
+def deepspeed_config(
+    settings: EngineSettings, world: int, model_config: PretrainedConfig | None = None
+) -> dict[str, Any]:
     """The DeepSpeed JSON for these settings, merged over the user's file if one is given."""
     cfg = settings.deepspeed
     micro, accumulation = micro_batches_per_step(settings, world)
@@ -68,6 +74,8 @@ def deepspeed_config(settings: EngineSettings, world: int) -> dict[str, Any]:
         zero["offload_param"] = {"device": "cpu"}
     if cfg.zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
+    if cfg.expert_parallel > 1:
+        derived["expert_parallel"] = autoep_config(cfg.expert_parallel, model_config)
     if cfg.config_file is None:
         return derived
     try:
@@ -84,9 +92,24 @@ def deepspeed_config(settings: EngineSettings, world: int) -> dict[str, Any]:
             raise GspoError(
                 f"deepspeed.config_file: '{key}' is set by the recipe's optimizer section"
             )
+    if "expert_parallel" in user:
+        raise GspoError(
+            "deepspeed.config_file: 'expert_parallel' is set by the recipe's "
+            "deepspeed.expert_parallel"
+        )
     merged = {**user, **derived}
     merged["zero_optimization"] = {**user.get("zero_optimization", {}), **zero}
     return merged
+
+
+def autoep_config(ep: int, model_config: PretrainedConfig | None) -> dict[str, Any]:
+    """DeepSpeed's `expert_parallel` section: AutoEP over `ep` ranks, its model preset found
+    from the model type, the top-k renormalisation the model's own router does."""
+    section: dict[str, Any] = {"enabled": True, "autoep_size": ep}
+    norm = getattr(model_config, "norm_topk_prob", None)
+    if isinstance(norm, bool):
+        section["route_norm"] = norm
+    return section
 
 
 class DeepSpeedEngine:
@@ -97,21 +120,34 @@ class DeepSpeedEngine:
 
         self.adapters = add_adapters(model, settings.lora)  # LoRA: only they train
         model = model if self.adapters is None else self.adapters.model
-        optimizer, scheduler = adamw_with_schedule(
-            [p for p in model.parameters() if p.requires_grad],
-            settings.optimizer,
-            settings.optimizer_steps,
-        )
         self.ctx = ctx
         self.zero_stage = settings.deepspeed.zero_stage
         self._zero0_norm = float("nan")  # ZeRO-0: the last boundary's gradient norm
+        self.expert_parallel = settings.deepspeed.expert_parallel
+        check_expert_count(num_experts(model.config), self.expert_parallel)
+        config = deepspeed_config(settings, ctx.world, model.config)
+        optimizer: Any  # the AdamW and its schedule, or with AutoEP callables that build them
+        scheduler: Any
+        if self.expert_parallel > 1:
+            optimizer, scheduler = autoep_optimizer(settings)
+        else:
+            optimizer, scheduler = adamw_with_schedule(
+                [p for p in model.parameters() if p.requires_grad],
+                settings.optimizer,
+                settings.optimizer_steps,
+            )
         self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model,
-            optimizer=optimizer,
-            lr_scheduler=scheduler,
-            config=deepspeed_config(settings, ctx.world),
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
         )
         self.model: PreTrainedModel = self.ds.module
+        self.autoep = autoep_layers(self.model)
+        if self.autoep:
+            ExpertRouting.forget(self.model)  # its MoE blocks are AutoEP layers now
+        if self.expert_parallel > 1 and not self.autoep:
+            raise GspoError(
+                f"deepspeed.expert_parallel: DeepSpeed AutoEP found no MoE layer it can shard in "
+                f"{type(self.model).__name__}"
+            )
         # DeepSpeed's own forward, never the hand-written head (ZeRO-3 gathers the weights only
         # inside it) and so never shared prompts; decoding and routing are the model's.
         own = capabilities_of(self.model)
@@ -130,7 +166,9 @@ class DeepSpeedEngine:
 
     @property
     def partitions_weights(self) -> bool:
-        return self.zero_stage == 3
+        """ZeRO-3 spreads every weight over the ranks, expert parallelism the experts: every
+        forward is then a collective that all ranks run together."""
+        return self.zero_stage == 3 or bool(self.autoep)
 
     def logprobs(
         self, batch: TrainBatch, temperature: float, entropy: EntropyMode = False
@@ -177,10 +215,22 @@ class DeepSpeedEngine:
         return float(self.ds.get_lr()[0])
 
     def save_state(self, folder: Path) -> None:
-        """Collective: every rank writes its ZeRO shards."""
+        """Collective: every rank writes its ZeRO shards (and with expert parallelism its
+        experts' states); the expert-parallel size is written beside them."""
         self.ds.save_checkpoint(str(folder / "deepspeed"), tag="state")
+        if self.ctx.is_main:
+            (folder / "deepspeed" / EP_FILE).write_text(
+                json.dumps({"expert_parallel": self.expert_parallel}), encoding="utf-8"
+            )
 
     def load_state(self, folder: Path) -> None:
+        ep_file = folder / "deepspeed" / EP_FILE
+        saved = json.loads(ep_file.read_text("utf-8"))["expert_parallel"] if ep_file.exists() else 1
+        if saved != self.expert_parallel:
+            raise GspoError(
+                f"checkpoint {folder}: saved at deepspeed.expert_parallel {saved}, resumed at "
+                f"{self.expert_parallel}: resume at the same expert parallelism"
+            )
         if self.adapters is not None:  # DeepSpeed loads the adapters itself: check their base
             self.adapters.check_base(folder)
         path, _ = self.ds.load_checkpoint(
@@ -191,7 +241,11 @@ class DeepSpeedEngine:
 
     def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Collective under ZeRO-3: each parameter is gathered in turn, copied, released (with
-        LoRA all at once, to merge the adapters in)."""
+        LoRA all at once, to merge the adapters in). With expert parallelism, collective: the
+        experts are gathered and the HF layout rebuilt."""
+        if self.autoep:
+            yield from hf_weights(self.model, zero3=self.zero_stage == 3)
+            return
         if self.zero_stage != 3:
             if self.adapters is not None:
                 yield from self.adapters.merged_weights()
@@ -210,8 +264,14 @@ class DeepSpeedEngine:
                 yield name, param.data.detach().clone()
 
     def save_model(self, path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
-        """Collective under ZeRO-3 (weights are gathered); rank 0 writes the HF folder."""
-        state = self.ds._zero3_consolidated_16bit_state_dict() if self.zero_stage == 3 else None
+        """Collective under ZeRO-3 and expert parallelism (weights are gathered); rank 0 writes
+        the HF folder (whole experts in the HF layout)."""
+        if self.autoep:
+            state = {name: t.to("cpu") for name, t in self.full_weights()}
+        elif self.zero_stage == 3:
+            state = self.ds._zero3_consolidated_16bit_state_dict()
+        else:
+            state = None
         if not self.ctx.is_main:
             return
         if self.adapters is not None:

@@ -7,6 +7,7 @@ step has a single code path for any world size.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -88,6 +89,7 @@ LOCAL = DistContext()
 
 def check_world_size(recipe: Recipe, world: int) -> None:
     """Every rank must get whole groups and the same whole number of micro-batches."""
+    check_expert_parallel(recipe, world)
     if world == 1:
         return
     r = recipe.rollout
@@ -113,6 +115,57 @@ def check_world_size(recipe: Recipe, world: int) -> None:
         raise GspoError(
             f"trainer.micro_batch_size ({micro}) must divide each rank's minibatch ({local} "
             f"sequences with {world} processes)"
+        )
+
+
+def check_expert_parallel(recipe: Recipe, world: int) -> None:
+    """`deepspeed.expert_parallel` (AutoEP) where it can run, one line each (the expert count
+    is checked where the model is known: `check_expert_count`)."""
+    ep = recipe.deepspeed.expert_parallel
+    if ep == 1:
+        return
+    if recipe.trainer.engine != "deepspeed":
+        raise GspoError("deepspeed.expert_parallel needs trainer.engine deepspeed")
+    if world % ep:
+        raise GspoError(
+            f"deepspeed.expert_parallel ({ep}) must divide the number of processes ({world})"
+        )
+    if recipe.model.lora.r:
+        raise GspoError(
+            "deepspeed.expert_parallel does not run with LoRA (model.lora.r > 0): DeepSpeed's "
+            "AutoEP replaces the expert modules the adapters would wrap"
+        )
+    experts = _experts_on_disk(recipe.model.path)
+    if experts is not None:  # else checked once the model is loaded (the engine)
+        check_expert_count(experts, ep)
+
+
+def _experts_on_disk(path: str) -> int | None:
+    """The routed experts per layer in the model's config.json where it is on disk."""
+    from types import SimpleNamespace
+
+    from gspo_cli.models.routing import num_experts
+    from gspo_cli.recipe.bounds import BUILTIN_PREFIX, model_config_file
+
+    file = None if path.startswith(BUILTIN_PREFIX) else model_config_file(path)
+    if file is None:
+        return None
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None  # loading the model reports it
+    return num_experts(SimpleNamespace(**config)) if isinstance(config, dict) else None  # type: ignore[arg-type]
+
+
+def check_expert_count(experts: int, ep: int) -> None:
+    """The model's routed experts per layer must split evenly over `ep` ranks."""
+    if ep == 1:
+        return
+    if experts <= 1:
+        raise GspoError(f"deepspeed.expert_parallel ({ep}) needs a Mixture-of-Experts model")
+    if experts % ep:
+        raise GspoError(
+            f"deepspeed.expert_parallel ({ep}) must divide the model's expert count ({experts})"
         )
 
 

@@ -1,4 +1,5 @@
-"""Start `gspo train` on several processes: torchrun on one node, the DeepSpeed launcher on many.
+"""Start `gspo train` on several processes: torchrun on one node, the DeepSpeed launcher on many
+(engines/multinode.py).
 
 The parent checks everything a user can get wrong (recipe, run folder) before launching, so that
 mistakes are one clear line rather than one traceback per rank. It holds the run folder's lock
@@ -15,10 +16,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gspo_cli.errors import GspoError, Stopped
+from gspo_cli.errors import Stopped
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.run_folder import check_run_folder
 from gspo_cli.train.engines.distributed import check_world_size, free_port
+from gspo_cli.train.engines.multinode import (
+    OVER_SSH,
+    check_hosts,
+    end_with_connection,
+    read_hostfile,
+)
 from gspo_cli.train.engines.torchrun import LAUNCHER_PID
 from gspo_cli.workers import die_with_parent, die_with_parent_argv
 
@@ -45,9 +52,12 @@ def says_summary() -> bool:
 
 
 def rank_dies_with_launcher() -> None:
-    """A rank ends when its launcher dies (a SIGKILLed launcher runs no cleanup)."""
+    """A rank ends when its launcher dies (a SIGKILLed launcher runs no cleanup), or on
+    another node, when its ssh connection to the launching node does."""
     if under_launcher():
         die_with_parent(int(os.environ.get(LAUNCHER_PID, os.getppid())))
+        if OVER_SSH in os.environ:
+            end_with_connection()
 
 
 def launch(
@@ -61,28 +71,39 @@ def launch(
 ) -> int:
     """Run the training command under a launcher; returns its exit code."""
     check_run_folder(run_dir, resume)
-    check_world_size(recipe, nproc)
+    hosts = read_hostfile(hostfile, nproc) if hostfile is not None else ["localhost"]
+    check_world_size(recipe, nproc * len(hosts))
     args = ["train", str(recipe_file), "--out", str(run_dir)]
     args += [item for o in overrides for item in ("--set", o)]
     args += ["--resume"] if resume else []
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     env[SAID_BY_LAUNCHER] = "1"
+    stops = (signal.SIGINT, signal.SIGTERM)
     if hostfile is not None:
-        if not hostfile.is_file():
-            raise GspoError(f"--hostfile: file not found: {hostfile}")
+        check_hosts(hosts)
+        env[OVER_SSH] = "1"
+        master_addr = os.environ.get("MASTER_ADDR")  # else DeepSpeed asks the first host
         command = [
-            "deepspeed",
+            sys.executable,
+            "-m",
+            "gspo_cli.train.engines.multinode",  # DeepSpeed's runner, see there
             "--hostfile",
             str(hostfile),
-            "--num_gpus",
+            "--num_gpus",  # processes per host
             str(nproc),
+            *(["--master_addr", master_addr] if master_addr else []),
             "--master_port",
-            str(free_port()),
+            os.environ.get("MASTER_PORT") or str(free_port()),
+            "--force_multi",  # over ssh even with one host: it may be another machine
+            "--no_ssh_check",  # check_hosts did it, on every host and with a timeout
+            "--no_local_rank",
             "--module",
             "gspo_cli.cli",
             *args,
         ]
-        return run_forwarding_signals([*die_with_parent_argv(), *command], env, (signal.SIGTERM,))
+        return run_forwarding_signals(
+            [*die_with_parent_argv(), *command], env, stops, own_group=True, kill_on_stop=True
+        )
     command = [
         sys.executable,
         "-m",
@@ -100,7 +121,6 @@ def launch(
         "gspo_cli.cli",
         *args,
     ]
-    stops = (signal.SIGINT, signal.SIGTERM)
     return run_forwarding_signals([*die_with_parent_argv(), *command], env, stops, own_group=True)
 
 
@@ -109,6 +129,7 @@ def run_forwarding_signals(
     env: dict[str, str],
     signals: tuple[signal.Signals, ...],
     own_group: bool = False,
+    kill_on_stop: bool = False,
 ) -> int:
     """Run the launcher; `signals` sent to `gspo train` alone reach it too, and it dies with us
     (setpriv). With `own_group`, the launcher has a process group of its own, so that Ctrl-C in
@@ -117,14 +138,18 @@ def run_forwarding_signals(
     torchrun (engines/torchrun.py) passes SIGINT or SIGTERM on to each rank as SIGTERM; the ranks
     stop at their next step boundary, with a checkpoint (train/run/signals.py), and print nothing;
     then `Stopped` is raised here, so that this process prints the one stop line and exits
-    130 or 143. Without `own_group`, Ctrl-C reaches every process of the group by itself."""
+    130 or 143. Without `own_group`, Ctrl-C reaches every process of the group by itself.
+
+    With `kill_on_stop` (several nodes), a stop signal SIGKILLs the launcher instead: the ranks
+    end at once with their ssh connections (multinode.py), with no checkpoint of their own, and
+    DeepSpeed's own stop, a `pkill -f` of every DeepSpeed launcher on every host, is not run."""
     proc = subprocess.Popen(command, env=env, process_group=0 if own_group else None)
     forwarded: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
         forwarded.append(signum)
         with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signum)
+            proc.send_signal(signal.SIGKILL if kill_on_stop else signum)
 
     previous = {signum: signal.signal(signum, forward) for signum in signals}
     try:
@@ -133,6 +158,8 @@ def run_forwarding_signals(
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     code = 128 - code if code < 0 else code  # killed by a signal: the shell's convention
+    if kill_on_stop and forwarded:
+        raise Stopped(forwarded[0])
     if code - 128 in forwarded:  # the launcher stopped on our signal (not a rank's failure)
         raise Stopped(code - 128)
     return code

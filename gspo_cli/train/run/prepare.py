@@ -234,11 +234,12 @@ def _local_rollout_engine(recipe: Recipe, synced: bool) -> str:
     local = "hf" if recipe.rollout.max_staleness else recipe.rollout.engine
     shares_weights = not ROLLOUT_ENGINES.get(local).keeps_own_weights
     if synced and shares_weights and recipe.rollout.tools is not None:
-        # ZeRO-3's generate runs every forward on every rank together, and tool trajectories
-        # take as many turns as their own calls: the ranks would wait on each other
+        # ZeRO-3's (and expert parallelism's) generate runs every forward on every rank
+        # together, and tool trajectories take as many turns as their own calls: the ranks
+        # would wait on each other
         raise GspoError(
-            "rollout.tools with DeepSpeed ZeRO-3 on several processes needs rollout.engine "
-            "vllm (or deepspeed.zero_stage 2)"
+            "rollout.tools with DeepSpeed ZeRO-3 or expert parallelism on several processes "
+            "needs rollout.engine vllm (or deepspeed.zero_stage 2 and expert_parallel 1)"
         )
     return local
 
