@@ -43,15 +43,15 @@ def test_gspo_two_processes_reproduce_one_process(moe_runs: TrainedRuns, stage: 
     assert_same_moe_runs(moe_runs(), moe_runs(*DEEPSPEED, *zero(stage)))
 
 
-def test_grpo_routing_replay_r2_two_processes_zero2(moe_runs: TrainedRuns) -> None:
-    two = moe_runs(*GRPO_R2, *DEEPSPEED, *zero(2))
-    assert_same_moe_runs(moe_runs(*GRPO_R2), two)
-    # R2 holds every training forward to pi_old's experts: the first forward is pi_old
+@pytest.mark.parametrize("stage", [0, 2, 3])
+@pytest.mark.parametrize("replay", [GRPO_R2, GRPO_R3], ids=["R2", "R3"])
+def test_grpo_routing_replay_two_processes_reproduce_one_process(
+    moe_runs: TrainedRuns, replay: tuple[str, ...], stage: int
+) -> None:
+    two = moe_runs(*replay, *DEEPSPEED, *zero(stage))
+    assert_same_moe_runs(moe_runs(*replay), two)
+    # replay holds every training forward to the recorded experts: the first forward is pi_old
     assert all(two[s]["first_ratio_gap_max"] < 1e-5 for s in two)
-
-
-def test_grpo_routing_replay_r3_two_processes_zero3(moe_runs: TrainedRuns) -> None:
-    assert_same_moe_runs(moe_runs(*GRPO_R3), moe_runs(*GRPO_R3, *DEEPSPEED, *zero(3)))
 
 
 def test_zero3_r3_resumes_exactly_after_kill(

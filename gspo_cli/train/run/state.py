@@ -63,7 +63,8 @@ def restore_checkpoint(
     if saved_world != ctx.world and not engine.allows_resharding:
         raise GspoError(
             f"checkpoint {folder} was written by {saved_world} process(es); this engine cannot "
-            f"re-partition its optimizer state for {ctx.world}: resume with --nproc {saved_world}"
+            f"re-partition its optimizer state for {ctx.world}: resume with --nproc {saved_world} "
+            f"(with a --hostfile: {saved_world} processes over all its hosts)"
         )
     engine.load_state(folder)
     if not engine.weights_finite():  # written before the guard existed, or by another tool
