@@ -29,16 +29,20 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_cli(
-    *args: str, cwd: Path | None = None, timeout: float = 600
+    *args: str, cwd: Path | None = None, timeout: float = 600, threads: int | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run the real `gspo` entry point in a subprocess, as a user would."""
+    """Run the real `gspo` entry point in a subprocess, as a user would (`threads`: its
+    OMP_NUM_THREADS, else inherited)."""
+    env = {**os.environ, "COLUMNS": "200"}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     return subprocess.run(
         [sys.executable, "-m", "gspo_cli.cli", *args],
         capture_output=True,
         text=True,
         cwd=cwd or REPO,
         timeout=timeout,
-        env={**os.environ, "COLUMNS": "200"},
+        env=env,
     )
 
 
@@ -152,15 +156,19 @@ def assert_same_moe_runs(a: dict[int, dict[str, Any]], b: dict[int, dict[str, An
     import pytest
 
     assert any(a[s]["grad_norm"] > 0 for s in a), "no gradient signal: the test would be vacuous"
-    assert all(a[s]["expert_volatility"] > 0 for s in a), "no expert moved: vacuous"
+    assert any(a[s].get("expert_volatility", 0) > 0 for s in a), "no expert moved: vacuous"
     assert sorted(b) == sorted(a)
     for step in a:
         for key in (k for k in MOE_COMPARED if k in a[step] or k in b[step]):
             assert b[step][key] == pytest.approx(a[step][key], rel=1e-4, abs=1e-6), (step, key)
+        # a step whose rows all had zero advantage trained nothing, and measured no volatility
         for key in MOE_ROUTING:
-            assert b[step][key] == pytest.approx(a[step][key], abs=1e-6), (step, key)
+            assert (key in b[step]) == (key in a[step]), (step, key)
+            if key in a[step]:
+                assert b[step][key] == pytest.approx(a[step][key], abs=1e-6), (step, key)
         layers = [k for k in a[step] if k.startswith("expert_volatility_layer")]
-        assert layers and all(k in b[step] for k in layers)  # every layer's experts seen
+        assert all(k in b[step] for k in layers)  # every layer's experts seen
+        assert bool(layers) == ("expert_volatility" in a[step])
 
 
 class TrainedRuns:
@@ -176,7 +184,8 @@ class TrainedRuns:
         key = tuple(sorted(zip(options[::2], options[1::2], strict=True)))
         if key not in self.done:
             out = self.root / f"run{len(self.done)}"
-            result = run_cli("train", str(self.recipe), "--out", str(out), *options)
+            # one torch thread, as the ranks of --nproc have (launch.py): the same kernels
+            result = run_cli("train", str(self.recipe), "--out", str(out), *options, threads=1)
             assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
             self.done[key] = out
         return self.done[key]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from gspo_cli.recipe import load_recipe
 from gspo_cli.run_folder import COLD_START
@@ -53,7 +54,12 @@ def moe_recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "data": boxed,
         },
     )
-    run_sft_only(load_recipe(sft), sft.read_text(), run_dir=folder / "sft" / "run")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same checkpoint whatever the machine's cores
+    try:
+        run_sft_only(load_recipe(sft), sft.read_text(), run_dir=folder / "sft" / "run")
+    finally:
+        torch.set_num_threads(threads)
     return write_recipe(
         folder,
         {
