@@ -1,6 +1,6 @@
 """The documentation holds together: every relative link in README.md and docs/ reaches a file or
 folder (and, with `#anchor`, a heading of that page), the README stays short, and it links every
-topic page."""
+topic page; its annotated recipe is the shipped quickstart."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -126,3 +128,14 @@ def test_the_link_checker_sees_links_anchors_and_code(tmp_path: Path) -> None:
     assert _slug("Overlong filtering (`algorithm.mask_truncated`)") == (
         "overlong-filtering-algorithmmask_truncated"
     )
+
+
+def test_the_readmes_annotated_recipe_is_the_quickstart() -> None:
+    """The README's annotated recipe is `recipes/quickstart.yaml` with comments added: the
+    same keys and values, so a change of the shipped task cannot leave the README behind."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## A recipe, annotated") :]
+    block = section[section.index("```yaml\n") + len("```yaml\n") :]
+    annotated = yaml.safe_load(block[: block.index("```")])
+    shipped = yaml.safe_load((REPO / "recipes" / "quickstart.yaml").read_text(encoding="utf-8"))
+    assert annotated == shipped

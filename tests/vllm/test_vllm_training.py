@@ -1,4 +1,8 @@
-"""A short quickstart with `rollout.engine: vllm` learns (held-out accuracy rises)."""
+"""A short quickstart with `rollout.engine: vllm` learns (held-out accuracy rises).
+
+On the quickstart's round-3 task (half the cold start unboxed, no slips), where 30 steps move
+held-out accuracy far beyond the evaluation's noise: what is tested is that vLLM rollouts
+train, not what the task teaches."""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ pytest.importorskip("vllm")
 
 from tests.helpers import REPO, invoke_cli
 
+FORM_TASK = ("--set", "data.arithmetic.unboxed_rate=0.5", "--set", "data.arithmetic.slip_rate=0")
+
 
 def test_a_short_quickstart_with_vllm_rollouts_learns(tmp_path: Path) -> None:
     out = tmp_path / "run"
@@ -21,6 +27,7 @@ def test_a_short_quickstart_with_vllm_rollouts_learns(tmp_path: Path) -> None:
         str(out),
         "--set",
         "rollout.engine=vllm",
+        *FORM_TASK,
         "--set",
         "trainer.steps=30",
         "--set",
@@ -48,6 +55,7 @@ def test_a_short_quickstart_with_async_vllm_rollouts_learns(tmp_path: Path) -> N
         str(out),
         *("--set", "rollout.engine=vllm"),
         *("--set", "rollout.max_staleness=1"),
+        *FORM_TASK,
         *("--set", "trainer.steps=30"),
         *("--set", "eval.every=30"),
         *("--set", "eval.num_problems=100"),
