@@ -193,6 +193,22 @@ class TrainedRuns:
     def __call__(self, *options: str) -> dict[int, dict[str, Any]]:
         return run_metrics(self.folder(*options))
 
+    def assert_resume_is_exact(self, killed: Path, *options: str) -> None:
+        """A run SIGKILLed after its first checkpoint, then `--resume`d into `killed`, logs
+        every later step bit for bit as the straight run (`self(*options)`) did."""
+        straight = self(*options)
+        command = ["train", str(self.recipe), "--out", str(killed), *options]
+        stopped_at = kill_during_run(command, killed)
+        assert stopped_at < len(straight), "the run ended before it could be killed"
+        result = run_cli(*command, "--resume")
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+        resumed = run_metrics(killed)
+        assert sorted(resumed) == sorted(straight)
+        for step in range(stopped_at + 1, len(straight) + 1):
+            for key in (*MOE_COMPARED, *MOE_ROUTING):
+                if key in straight[step]:
+                    assert resumed[step][key] == straight[step][key], (step, key)  # bit for bit
+
 
 def write_recipe(folder: Path, overrides: dict[str, Any]) -> Path:
     """`folder/recipe.yaml`: the tiny task with `overrides` merged in."""

@@ -17,13 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import (
-    MOE_COMPARED,
-    MOE_ROUTING,
     TrainedRuns,
     assert_same_moe_runs,
-    kill_during_run,
     run_cli,
-    run_metrics,
 )
 
 pytest.importorskip("deepspeed")
@@ -57,19 +53,7 @@ def test_grpo_routing_replay_two_processes_reproduce_one_process(
 def test_zero3_r3_resumes_exactly_after_kill(
     moe_recipe: Path, moe_runs: TrainedRuns, tmp_path: Path
 ) -> None:
-    options = (*GRPO_R3, *DEEPSPEED, *zero(3))
-    straight = moe_runs(*options)
-    killed = tmp_path / "killed"
-    stopped_at = kill_during_run(["train", str(moe_recipe), "--out", str(killed), *options], killed)
-    assert stopped_at < len(straight), "the run ended before it could be killed"
-    result = run_cli("train", str(moe_recipe), "--out", str(killed), *options, "--resume")
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    resumed = run_metrics(killed)
-    assert sorted(resumed) == sorted(straight)
-    for step in range(stopped_at + 1, len(straight) + 1):
-        for key in (*MOE_COMPARED, *MOE_ROUTING):
-            if key in straight[step]:
-                assert resumed[step][key] == straight[step][key], (step, key)  # bit for bit
+    moe_runs.assert_resume_is_exact(tmp_path / "killed", *GRPO_R3, *DEEPSPEED, *zero(3))
 
 
 def test_a_changed_recipe_is_refused_before_the_ranks_start(

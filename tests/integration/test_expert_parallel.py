@@ -20,14 +20,10 @@ import pytest
 import torch
 
 from tests.helpers import (
-    MOE_COMPARED,
-    MOE_ROUTING,
     TrainedRuns,
     assert_same_moe_runs,
     invoke_cli,
-    kill_during_run,
     run_cli,
-    run_metrics,
 )
 
 pytest.importorskip("deepspeed")
@@ -109,19 +105,7 @@ def test_export_of_ep2_is_a_plain_hf_model_equal_to_ep1(
 def test_ep2_resumes_exactly_after_kill(
     moe_recipe: Path, moe_runs: TrainedRuns, tmp_path: Path
 ) -> None:
-    straight = moe_runs(*DEEPSPEED, *EP2)
-    killed = tmp_path / "killed"
-    command = ["train", str(moe_recipe), "--out", str(killed), *DEEPSPEED, *EP2]
-    stopped_at = kill_during_run(command, killed)
-    assert stopped_at < len(straight), "the run ended before it could be killed"
-    result = run_cli("train", str(moe_recipe), "--out", str(killed), *DEEPSPEED, *EP2, "--resume")
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    resumed = run_metrics(killed)
-    assert sorted(resumed) == sorted(straight)
-    for step in range(stopped_at + 1, len(straight) + 1):
-        for key in (*MOE_COMPARED, *MOE_ROUTING):
-            if key in straight[step]:
-                assert resumed[step][key] == straight[step][key], (step, key)  # bit for bit
+    moe_runs.assert_resume_is_exact(tmp_path / "killed", *DEEPSPEED, *EP2)
 
 
 def test_resume_at_another_ep_is_refused(moe_recipe: Path, moe_runs: TrainedRuns) -> None:
