@@ -37,13 +37,15 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from transformers import PretrainedConfig, PreTrainedModel
 
+from gspo_cli.recipe.bounds import EXPERT_COUNT_KEYS
+
 ROUTER_NAMES = ("gate", "router")  # the router child of a MoE block, by transformers' convention
 _ATTACHED: weakref.WeakKeyDictionary[nn.Module, ExpertRouting] = weakref.WeakKeyDictionary()
 
 
 def num_experts(config: PretrainedConfig) -> int:
     """Routed experts per layer under any of the config names in use (0 for a dense model)."""
-    for name in ("num_experts", "num_local_experts", "n_routed_experts"):
+    for name in EXPERT_COUNT_KEYS:
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 1:
             return value

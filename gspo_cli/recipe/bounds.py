@@ -56,6 +56,12 @@ class ModelShape(NamedTuple):
     kv_heads: int | None
     head_dim: int | None
     vocab: int | None
+    experts: int = 0  # routed experts per layer; 0 for a dense model
+
+
+# The config names of the routed-expert count (Qwen-MoE, Mixtral, DeepSeek); models.routing
+# reads the same names from a loaded model's config.
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
 # The built-in models' configs (gspo_cli/models/builtin.py and gguf.py), read here without
@@ -65,10 +71,10 @@ BUILTIN_SHAPES = {
         positions=8192, layers=4, hidden=128, kv_heads=2, head_dim=32, vocab=102
     ),
     "tiny-moe": ModelShape(
-        positions=8192, layers=4, hidden=128, kv_heads=2, head_dim=32, vocab=102
+        positions=8192, layers=4, hidden=128, kv_heads=2, head_dim=32, vocab=102, experts=8
     ),
     "tiny-moe-deep": ModelShape(
-        positions=8192, layers=8, hidden=128, kv_heads=2, head_dim=32, vocab=102
+        positions=8192, layers=8, hidden=128, kv_heads=2, head_dim=32, vocab=102, experts=16
     ),
     "smollm2-135m": ModelShape(  # SmolLM2-135M-Instruct (models/gguf.py)
         positions=8192, layers=30, hidden=576, kv_heads=3, head_dim=64, vocab=49152
@@ -100,6 +106,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         kv_heads=_size(config, "num_key_value_heads") or heads,
         head_dim=head_dim,
         vocab=_size(config, "vocab_size"),
+        experts=next((n for key in EXPERT_COUNT_KEYS if (n := _size(config, key) or 0) > 1), 0),
     )
 
 
@@ -206,7 +213,7 @@ def estimate_memory(
     """A rough upper estimate of the buffers that grow with the recipe's sizes, and of LoRA's
     `adapter_params` adapters with their gradients and AdamW states (not the model's own
     weights or a full fine-tune's optimizer states); None when the config lacks a size."""
-    _, layers, hidden, kv_heads, head_dim, vocab = shape
+    _, layers, hidden, kv_heads, head_dim, vocab, _ = shape
     if layers is None or hidden is None or kv_heads is None or head_dim is None or vocab is None:
         return None
     rollout, trainer, dtype = recipe.rollout, recipe.trainer, DTYPE_BYTES[recipe.model.dtype]

@@ -14,7 +14,11 @@ from gspo_cli.train.engines.deepspeed_engine import deepspeed_config
 from gspo_cli.train.engines.distributed import check_expert_count, check_world_size
 from gspo_cli.train.engines.settings import engine_settings
 
-BASE = {"rollout": {"num_prompts": 4, "group_size": 4}, "algorithm": {"minibatches": 2}}
+BASE = {
+    "model": {"path": "builtin:tiny-moe"},
+    "rollout": {"num_prompts": 4, "group_size": 4},
+    "algorithm": {"minibatches": 2},
+}
 
 
 def _recipe(ep: int, **sections: object) -> Recipe:
@@ -109,3 +113,14 @@ def test_expert_count_is_refused_before_launch_when_the_config_is_on_disk(tmp_pa
     with pytest.raises(GspoError, match=r"must divide the model's expert count \(8\)"):
         check_world_size(recipe, 3)
     check_world_size(_recipe(2, model={"path": str(tmp_path)}), 2)
+
+
+def test_a_builtin_models_expert_count_is_refused_before_launch() -> None:
+    """Built-in shapes are known without building the model (recipe/bounds.py BUILTIN_SHAPES;
+    tests/unit/test_recipe_bounds.py checks them against the built models)."""
+    moe = {"model": {"path": "builtin:tiny-moe"}, "rollout": {"num_prompts": 6, "group_size": 4}}
+    with pytest.raises(GspoError, match=r"must divide the model's expert count \(8\)"):
+        check_world_size(_recipe(3, **moe), 3)
+    check_world_size(_recipe(2, model={"path": "builtin:tiny-moe-deep"}), 2)
+    with pytest.raises(GspoError, match="needs a Mixture-of-Experts model"):
+        check_world_size(_recipe(2, model={"path": "builtin:tiny-dense"}), 2)

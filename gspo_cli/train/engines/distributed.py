@@ -7,7 +7,6 @@ step has a single code path for any world size.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -135,26 +134,21 @@ def check_expert_parallel(recipe: Recipe, world: int) -> None:
             "deepspeed.expert_parallel does not run with LoRA (model.lora.r > 0): DeepSpeed's "
             "AutoEP replaces the expert modules the adapters would wrap"
         )
-    experts = _experts_on_disk(recipe.model.path)
+    experts = _known_expert_count(recipe.model.path)
     if experts is not None:  # else checked once the model is loaded (the engine)
         check_expert_count(experts, ep)
 
 
-def _experts_on_disk(path: str) -> int | None:
-    """The routed experts per layer in the model's config.json where it is on disk."""
-    from types import SimpleNamespace
+def _known_expert_count(path: str) -> int | None:
+    """The routed experts per layer of a built-in model, or of one whose config.json is on
+    disk; None where that needs the hub or the config cannot be read (loading reports it)."""
+    from gspo_cli.recipe.bounds import model_shape
 
-    from gspo_cli.models.routing import num_experts
-    from gspo_cli.recipe.bounds import BUILTIN_PREFIX, model_config_file
-
-    file = None if path.startswith(BUILTIN_PREFIX) else model_config_file(path)
-    if file is None:
-        return None
     try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None  # loading the model reports it
-    return num_experts(SimpleNamespace(**config)) if isinstance(config, dict) else None  # type: ignore[arg-type]
+        shape = model_shape(path)
+    except ValueError:
+        return None
+    return None if shape is None else shape.experts
 
 
 def check_expert_count(experts: int, ep: int) -> None:
