@@ -37,8 +37,10 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from transformers import PretrainedConfig, PreTrainedModel
 
-from gspo_cli.recipe.bounds import EXPERT_COUNT_KEYS
-
+# The config names of the routed-expert count (Qwen-MoE, Mixtral, DeepSeek). recipe/bounds.py
+# reads the same names from a config.json before any model loads (a layer above: a test keeps
+# the two equal).
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 ROUTER_NAMES = ("gate", "router")  # the router child of a MoE block, by transformers' convention
 _ATTACHED: weakref.WeakKeyDictionary[nn.Module, ExpertRouting] = weakref.WeakKeyDictionary()
 

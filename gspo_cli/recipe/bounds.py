@@ -59,8 +59,8 @@ class ModelShape(NamedTuple):
     experts: int = 0  # routed experts per layer; 0 for a dense model
 
 
-# The config names of the routed-expert count (Qwen-MoE, Mixtral, DeepSeek); models.routing
-# reads the same names from a loaded model's config.
+# The config names of the routed-expert count, as models.routing reads them from a loaded
+# model (not imported here: it loads torch; a test keeps the two equal).
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 

@@ -239,3 +239,13 @@ def test_a_lora_rank_whose_adapters_exceed_the_memory_is_refused(
     assert "model.lora.r: 128 gives 1,245,184 adapter parameters, 19.0 MiB" in result.stderr
     assert "lower model.lora.r or target fewer modules" in result.stderr
     assert _validate(tmp_path, "model.lora.r=8").returncode == 0
+
+
+def test_the_expert_count_is_read_under_the_names_the_router_code_reads() -> None:
+    from gspo_cli.models import routing
+    from gspo_cli.recipe import bounds
+
+    assert bounds.EXPERT_COUNT_KEYS == routing.EXPERT_COUNT_KEYS
+    for key in bounds.EXPERT_COUNT_KEYS:
+        assert shape_from_config({key: 6}).experts == 6
+    assert shape_from_config({"num_experts": 1}).experts == 0  # one expert is a dense block
