@@ -99,6 +99,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
     heads = _size(config, "num_attention_heads", "n_head")
     hidden = _size(config, "hidden_size", "n_embd")
     head_dim = _size(config, "head_dim") or (hidden // heads if hidden and heads else None)
+    experts = _size(config, *EXPERT_COUNT_KEYS) or 0
     return ModelShape(
         positions=_size(config, "max_position_embeddings", "n_positions"),
         layers=_size(config, "num_hidden_layers", "n_layer"),
@@ -106,7 +107,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         kv_heads=_size(config, "num_key_value_heads") or heads,
         head_dim=head_dim,
         vocab=_size(config, "vocab_size"),
-        experts=next((n for key in EXPERT_COUNT_KEYS if (n := _size(config, key) or 0) > 1), 0),
+        experts=experts if experts > 1 else 0,  # one expert is a dense block
     )
 
 

@@ -118,9 +118,8 @@ def test_expert_count_is_refused_before_launch_when_the_config_is_on_disk(tmp_pa
 def test_a_builtin_models_expert_count_is_refused_before_launch() -> None:
     """Built-in shapes are known without building the model (recipe/bounds.py BUILTIN_SHAPES;
     tests/unit/test_recipe_bounds.py checks them against the built models)."""
-    moe = {"model": {"path": "builtin:tiny-moe"}, "rollout": {"num_prompts": 6, "group_size": 4}}
     with pytest.raises(GspoError, match=r"must divide the model's expert count \(8\)"):
-        check_world_size(_recipe(3, **moe), 3)
+        check_world_size(_recipe(3, rollout={"num_prompts": 6, "group_size": 4}), 3)  # tiny-moe
     check_world_size(_recipe(2, model={"path": "builtin:tiny-moe-deep"}), 2)
     with pytest.raises(GspoError, match="needs a Mixture-of-Experts model"):
         check_world_size(_recipe(2, model={"path": "builtin:tiny-dense"}), 2)
