@@ -12,9 +12,10 @@ per-seed differences, which is far narrower than the unpaired intervals of the t
     .venv/bin/python benchmarks/compare_algorithms.py DIR [--recipes a.yaml,b.yaml]
         [--seeds 1,2,3] [--jobs 2]
 
-The cold start depends on the seed only, so it runs once per seed (`gspo sft`) and each run
-starts from a copy of it (a run reuses the cold start it finds in its folder): every option of
-one seed starts from the same weights. Runs go `--jobs` at a time with one torch thread each
+The cold start depends on the seed only (the recipes compared share their `sft` section), so it
+runs once per seed (`gspo sft` of the first recipe) and each run starts from a copy of it (a run
+reuses the cold start it finds in its folder): every option of one seed starts from the same
+weights. Runs go `--jobs` at a time with one torch thread each
 (about 4 minutes a run on this 2-core machine), and a finished run (its summary.json exists) is
 not run again, so an interrupted comparison picks up where it stopped. Prints; asserts nothing.
 """
@@ -31,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gspo_cli.compare.intervals import Estimate
-from gspo_cli.run_folder import COLD_START, HF_CONFIG, METRICS
+from gspo_cli.run_folder import COLD_START, HF_CONFIG, METRICS, RUN_MARKER
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 DEFAULT_RECIPES = [
@@ -59,21 +60,23 @@ def _gspo(command: str, recipe: Path, seed: int, folder: Path, *extra: str) -> N
     print(f"{folder.name}: exit {done.returncode} ({log})", flush=True)
 
 
-def _cold_start(seed: int, out: Path) -> Path:
-    """The quickstart's cold start for `seed`, made once."""
+def _cold_start(recipe: Path, seed: int, out: Path) -> Path:
+    """The cold-start run folder of `recipe` (the first one compared) for `seed`, made once."""
     folder = out / f"cold-start-s{seed}"
     if not (folder / COLD_START / HF_CONFIG).exists():
-        _gspo("sft", RECIPES / "quickstart.yaml", seed, folder)
-    return folder / COLD_START
+        _gspo("sft", recipe, seed, folder)
+    return folder
 
 
-def _train(recipe: Path, seed: int, out: Path) -> Path:
+def _train(recipe: Path, seed: int, out: Path, cold_starts: dict[int, Path]) -> Path:
     """Train one seed of one recipe into out/<recipe stem>-s<seed> (skipped when finished)."""
-    folder = out / f"{recipe.stem}-s{seed}"
+    folder, cold_start = out / f"{recipe.stem}-s{seed}", cold_starts[seed]
     if not (folder / "summary.json").exists():
         folder.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(_cold_start(seed, out), folder / COLD_START, dirs_exist_ok=True)
-        _gspo("train", recipe, seed, folder, "--resume")  # a run that finds its cold start
+        # The run marker makes the folder ours for `--resume`, which then finds its cold start.
+        shutil.copy2(cold_start / RUN_MARKER, folder / RUN_MARKER)
+        shutil.copytree(cold_start / COLD_START, folder / COLD_START, dirs_exist_ok=True)
+        _gspo("train", recipe, seed, folder, "--resume")
     return folder
 
 
@@ -120,12 +123,13 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    recipes = [RECIPES / name for name in args.recipes.split(",")]
+    recipes = [RECIPES / name for name in args.recipes.split(",")]  # or absolute paths
     seeds = [int(seed) for seed in args.seeds.split(",")]
     jobs = [(recipe, seed) for recipe in recipes for seed in seeds]
     with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(lambda seed: _cold_start(seed, args.out), seeds))
-        folders = list(pool.map(lambda job: _train(job[0], job[1], args.out), jobs))
+        made = pool.map(lambda seed: _cold_start(recipes[0], seed, args.out), seeds)
+        starts = dict(zip(seeds, made, strict=True))
+        folders = list(pool.map(lambda job: _train(job[0], job[1], args.out, starts), jobs))
     finished = [str(folder) for folder in folders if (folder / "summary.json").exists()]
     if not finished:
         raise SystemExit("no run finished: see the logs in " + str(args.out))
