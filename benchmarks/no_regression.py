@@ -1,0 +1,99 @@
+"""Did training on one task cost the model elsewhere? `gspo eval` of several checkpoints on the
+shared GSM8K and MATH-500 copies, side by side.
+
+Each checkpoint (NAME=PATH: a run folder, a checkpoint, builtin:smollm2-135m for the model as
+shipped) is evaluated on the first `--limit` problems of each benchmark (the copies in
+../shared/benchmarks, or `--data`) into DIR/<name>/<benchmark> with `gspo eval --resume` (an
+interrupted comparison picks up where it stopped; a finished one is read again, not rerun), one
+after the other. Then a markdown table:
+strict accuracy (avg@k: the last \\boxed{} right), answered (an answer in that form) and right in
+any form, each with its 95% bootstrap interval over problems, written to DIR/no_regression.md.
+
+    .venv/bin/python benchmarks/no_regression.py DIR base=builtin:smollm2-135m \\
+        full=runs/real-slips/smollm2-slips-s1 [--benchmarks gsm8k,math500] [--limit 200] \\
+        [--samples 1] [--max-new-tokens 256]
+
+The figures depend on the sampling (temperature 0.6, top-p 0.95, seed 0: `gspo eval`'s
+defaults), the response cap (a truncated response has no answer) and the prompt (each
+benchmark's own instruction to box the answer). Prints; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from gspo_cli.run_folder import RESULTS
+
+GSPO = [sys.executable, "-m", "gspo_cli.cli"]
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"  # ../shared beside the repo
+
+
+def _evaluate(path: str, benchmark: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """`gspo eval` of one checkpoint on one benchmark (resumed); its results.json."""
+    if not (folder / RESULTS).exists():
+        command = [
+            *GSPO, "eval", path, "--benchmark", benchmark, "--limit", str(args.limit),
+            "--samples", str(args.samples), "--max-new-tokens", str(args.max_new_tokens),
+            "--data", str(args.data / benchmark), "--out", str(folder), "--resume",
+        ]  # fmt: skip
+        subprocess.run(command, check=True)
+    results: dict[str, Any] = json.loads((folder / RESULTS).read_text())
+    return results
+
+
+def _cell(metric: dict[str, float]) -> str:
+    low, high = 100 * metric["ci_low"], 100 * metric["ci_high"]
+    return f"{100 * metric['value']:.1f}% [{low:.1f}, {high:.1f}]"
+
+
+def table(
+    rows: dict[tuple[str, str], dict[str, Any]], names: list[str], benchmarks: list[str]
+) -> str:
+    """Markdown: one line per (checkpoint, benchmark), strict / answered / any form."""
+    lines = [
+        "| checkpoint | benchmark | problems x samples | accuracy (strict) | answered "
+        "| right in any form |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        for benchmark in benchmarks:
+            results = rows[name, benchmark]
+            metrics = results["metrics"]
+            strict = metrics[f"avg@{results['sampling']['samples']}"]
+            cells = [_cell(strict), _cell(metrics["answered"]), _cell(metrics["accuracy_any_form"])]
+            size = f"{results['problems']} x {results['sampling']['samples']}"
+            lines.append(f"| {name} | {benchmark} | {size} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("checkpoints", nargs="+", help="NAME=PATH")
+    parser.add_argument("--benchmarks", default="gsm8k,math500")
+    parser.add_argument("--limit", type=int, default=200)
+    parser.add_argument("--samples", type=int, default=1)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--data", type=Path, default=SHARED, help="a folder per benchmark")
+    args = parser.parse_args()
+    pairs = [item.split("=", 1) for item in args.checkpoints]
+    if any(len(pair) != 2 for pair in pairs):
+        raise SystemExit("each checkpoint is NAME=PATH")
+    benchmarks = args.benchmarks.split(",")
+    rows = {
+        (name, benchmark): _evaluate(path, benchmark, args.out / name / benchmark, args)
+        for name, path in pairs
+        for benchmark in benchmarks
+    }
+    text = table(rows, [name for name, _ in pairs], benchmarks)
+    (args.out / "no_regression.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
