@@ -28,6 +28,12 @@ class ColdStartConfig(Section):
     steps: int = Field(300, ge=1, description="SFT optimiser steps.")
     batch_size: int = Field(32, ge=1, description="Examples per SFT step.")
     lr: float = Field(1e-3, gt=0, description="SFT learning rate (cosine decay, 5% warm-up).")
+    target: Literal["solution", "answer"] = Field(
+        "solution",
+        description="What it imitates: each row's worked `solution`, or (`answer`, for data "
+        "with none, such as most reasoning-gym tasks) the reference answer alone in the "
+        "expected form, `\\boxed{answer}`: that teaches the form, not the working.",
+    )
 
 
 class TrainerConfig(Section):

@@ -16,6 +16,7 @@ import yaml
 
 from gspo_cli.data import reasoning_gym as rg_data
 from gspo_cli.data.sources import load_rows, source_note
+from gspo_cli.errors import GspoError
 from gspo_cli.recipe import Recipe
 from gspo_cli.rewards import REWARDS
 from gspo_cli.rewards.reasoning_gym import (
@@ -23,6 +24,7 @@ from gspo_cli.rewards.reasoning_gym import (
     reasoning_gym_reward,
     task_means,
 )
+from gspo_cli.train.run.sft import cold_start, imitation_target
 from tests.helpers import REPO, invoke_cli, one_error_line, run_cli, write_recipe
 
 TINY = REPO / "recipes" / "reasoning-gym" / "tiny.yaml"
@@ -180,13 +182,30 @@ def test_a_bad_task_inside_a_mix_names_it(tmp_path: Path) -> None:
     one_error_line(invoke_cli("validate", str(path)), "'basic_arithmatic'", "basic_arithmetic")
 
 
+def test_a_cold_start_can_imitate_the_boxed_answer_where_there_is_no_solution() -> None:
+    rows = _fresh_rows(_data(seed=5), "train")[:3]
+    assert [imitation_target(r, "answer") for r in rows] == [
+        f"\\boxed{{{r['reasoning_gym']['answer']}}}" for r in rows
+    ]
+    assert imitation_target(rows[0], "solution") is None  # reasoning-gym rows have none
+    settings = Recipe.model_validate({"cold_start": {"target": "solution"}}).cold_start
+    with pytest.raises(GspoError, match=r"no 'solution' to imitate.*cold_start.target: answer"):
+        cold_start(None, None, [[1]] * 3, rows, settings, 0)  # type: ignore[arg-type]
+    settings = Recipe.model_validate({"cold_start": {"target": "answer"}}).cold_start
+    several = [{**rows[0], "answer": ""}]  # a task that checks answers and has no gold one
+    with pytest.raises(GspoError, match=r"^cold_start: training row 0 has no reference answer"):
+        cold_start(None, None, [[1]], several, settings, 0)  # type: ignore[arg-type]
+
+
 def test_the_shipped_recipe_validates() -> None:
     result = invoke_cli("validate", str(TINY))
     assert result.returncode == 0, result.stderr
     assert "reasoning_gym:chain_sum" in result.stdout
 
 
-def test_a_short_training_run_logs_rewards_per_task(tmp_path: Path) -> None:
+def test_a_short_training_run_after_an_answer_cold_start_logs_rewards_per_task(
+    tmp_path: Path,
+) -> None:
     recipe = write_recipe(
         tmp_path,
         {
@@ -199,6 +218,7 @@ def test_a_short_training_run_logs_rewards_per_task(tmp_path: Path) -> None:
                 },
             },
             "reward": {"functions": [{"name": "reasoning_gym"}]},
+            "cold_start": {"enabled": True, "steps": 2, "batch_size": 4, "target": "answer"},
             "trainer": {"steps": 2},
         },
     )

@@ -40,6 +40,15 @@ def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[s
     return {"input_ids": input_ids, "attention_mask": attention, "target_mask": target_mask}
 
 
+def imitation_target(row: dict[str, Any], target: str) -> str | None:
+    """What the cold start trains on for one row (None: it has nothing to imitate)."""
+    if target == "answer":
+        answer = str(row.get("answer") or "")
+        return f"\\boxed{{{answer}}}" if answer else None
+    solution = row.get(SOLUTION_KEY)
+    return None if solution is None else str(solution)
+
+
 def cold_start(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -50,15 +59,21 @@ def cold_start(
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """Fine-tune `model` in place for `cfg.steps` steps; returns the loss of each step."""
-    missing = next((i for i, row in enumerate(rows) if row.get(SOLUTION_KEY) is None), None)
+    targets = [imitation_target(row, cfg.target) for row in rows]
+    missing = next((i for i, target in enumerate(targets) if target is None), None)
+    if missing is not None and cfg.target == "answer":
+        raise GspoError(
+            f"cold_start: training row {missing} has no reference answer to imitate "
+            "(cold_start.target: answer): its task accepts several answers, or the data's "
+            "answer column is empty"
+        )
     if missing is not None:
         raise GspoError(
             f"cold_start: training row {missing} has no 'solution' to imitate: give the data a "
-            "'solution' column, or conversations that end with the assistant's turn"
+            "'solution' column, or conversations that end with the assistant's turn, or set "
+            "cold_start.target: answer to imitate the boxed reference answer alone"
         )
-    examples = [
-        _encode(tokenizer, p, str(r[SOLUTION_KEY])) for p, r in zip(prompt_ids, rows, strict=True)
-    ]
+    examples = [_encode(tokenizer, p, str(t)) for p, t in zip(prompt_ids, targets, strict=True)]
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     warmup = max(1, cfg.steps // 20)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
