@@ -12,10 +12,10 @@ per-seed differences, which is far narrower than the unpaired intervals of the t
     .venv/bin/python benchmarks/compare_algorithms.py DIR [--recipes a.yaml,b.yaml]
         [--seeds 1,2,3] [--jobs 2]
 
-The cold start depends on the seed only (the recipes compared share their `sft` section), so it
-runs once per seed (`gspo sft` of the first recipe) and each run starts from a copy of it (a run
-reuses the cold start it finds in its folder): every option of one seed starts from the same
-weights. Runs go `--jobs` at a time with one torch thread each
+The cold start depends on the seed only (the recipes compared share their model, data and
+`cold_start` sections), so it runs once per seed (`gspo sft` of the first recipe) and each run
+starts from a copy of it (a run reuses the cold start it finds in its folder): every option of
+one seed starts from the same weights. Runs go `--jobs` at a time with one torch thread each
 (about 4 minutes a run on this 2-core machine), and a finished run (its summary.json exists) is
 not run again, so an interrupted comparison picks up where it stopped. Prints; asserts nothing.
 """

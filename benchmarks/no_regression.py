@@ -4,8 +4,8 @@ shared GSM8K and MATH-500 copies, side by side.
 Each checkpoint (NAME=PATH: a run folder, a checkpoint, builtin:smollm2-135m for the model as
 shipped) is evaluated on the first `--limit` problems of each benchmark (the copies in
 ../shared/benchmarks, or `--data`) into DIR/<name>/<benchmark> with `gspo eval --resume` (an
-interrupted comparison picks up where it stopped; a finished one is read again, not rerun), one
-after the other. Then a markdown table:
+interrupted comparison picks up where it stopped, a finished one is not sampled again, and other
+settings for the same folder are refused), one after the other. Then a markdown table:
 strict accuracy (avg@k: the last \\boxed{} right), answered (an answer in that form) and right in
 any form, each with its 95% bootstrap interval over problems, written to DIR/no_regression.md.
 
@@ -35,18 +35,19 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"  # ../sha
 
 def _evaluate(path: str, benchmark: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     """`gspo eval` of one checkpoint on one benchmark (resumed); its results.json."""
-    if not (folder / RESULTS).exists():
-        command = [
-            *GSPO, "eval", path, "--benchmark", benchmark, "--limit", str(args.limit),
-            "--samples", str(args.samples), "--max-new-tokens", str(args.max_new_tokens),
-            "--data", str(args.data / benchmark), "--out", str(folder), "--resume",
-        ]  # fmt: skip
-        subprocess.run(command, check=True)
+    command = [
+        *GSPO, "eval", path, "--benchmark", benchmark, "--limit", str(args.limit),
+        "--samples", str(args.samples), "--max-new-tokens", str(args.max_new_tokens),
+        "--data", str(args.data / benchmark), "--out", str(folder), "--resume",
+    ]  # fmt: skip
+    subprocess.run(command, check=True)  # --resume: done problems kept, other settings refused
     results: dict[str, Any] = json.loads((folder / RESULTS).read_text())
     return results
 
 
-def _cell(metric: dict[str, float]) -> str:
+def _cell(metric: dict[str, float] | None) -> str:
+    if metric is None:  # right in any form is for maths; old samples lack answered
+        return "n/a"
     low, high = 100 * metric["ci_low"], 100 * metric["ci_high"]
     return f"{100 * metric['value']:.1f}% [{low:.1f}, {high:.1f}]"
 
@@ -65,7 +66,8 @@ def table(
             results = rows[name, benchmark]
             metrics = results["metrics"]
             strict = metrics[f"avg@{results['sampling']['samples']}"]
-            cells = [_cell(strict), _cell(metrics["answered"]), _cell(metrics["accuracy_any_form"])]
+            forms = [metrics.get("answered"), metrics.get("accuracy_any_form")]
+            cells = [_cell(strict), *map(_cell, forms)]
             size = f"{results['problems']} x {results['sampling']['samples']}"
             lines.append(f"| {name} | {benchmark} | {size} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"

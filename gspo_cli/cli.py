@@ -155,7 +155,7 @@ def train(
 
 @app.command()
 def sft(recipe: RecipeArg, set_: SetOpt = None, out: OutOpt = None) -> None:
-    """Only the cold start: fine-tune on worked solutions and save an HF checkpoint."""
+    """Only the cold start: supervised fine-tuning, saved as an HF checkpoint."""
     resolved = load_recipe(recipe, set_)  # a bad recipe fails before the heavy imports below
     run_dir = run_dir_of(resolved.trainer.out_dir, resolved.name, out)
 

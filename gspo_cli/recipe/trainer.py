@@ -24,7 +24,7 @@ class OptimizerConfig(Section):
 
 
 class ColdStartConfig(Section):
-    enabled: bool = Field(False, description="Supervised fine-tuning on worked solutions first.")
+    enabled: bool = Field(False, description="Supervised fine-tuning first (on `target`).")
     steps: int = Field(300, ge=1, description="SFT optimiser steps.")
     batch_size: int = Field(32, ge=1, description="Examples per SFT step.")
     lr: float = Field(1e-3, gt=0, description="SFT learning rate (cosine decay, 5% warm-up).")

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 
 from gspo_cli.rewards.code.extract import extract_code
-from gspo_cli.rewards.extract import last_boxed
+from gspo_cli.rewards.extract import boxed, last_boxed
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 
 BOXED, MARKER, NUMBER, CODE = "boxed", "marker", "number", "code"
@@ -77,9 +77,9 @@ def _marker_value(raw: str) -> str:
 
 def find_answer(completion: str) -> FoundAnswer | None:
     """The final answer in the first form found (see the module's rules), or None."""
-    boxed = last_boxed(completion)
-    if boxed is not None and boxed.strip():
-        return FoundAnswer(boxed.strip(), BOXED)
+    content = last_boxed(completion)
+    if content is not None and content.strip():
+        return FoundAnswer(content.strip(), BOXED)
     for match in reversed(list(_MARKER.finditer(completion))):
         value = _marker_value(completion[match.end() :])
         if value:
@@ -97,8 +97,8 @@ def answered(completion: str, expected_form: str) -> bool:
     if expected_form == CODE:
         return extract_code(completion) is not None
     if expected_form == BOXED:
-        boxed = last_boxed(completion)
-        return boxed is not None and bool(boxed.strip())
+        content = last_boxed(completion)
+        return content is not None and bool(content.strip())
     if expected_form == MARKER:
         return any(_marker_value(completion[m.end() :]) for m in _MARKER.finditer(completion))
     if expected_form == NUMBER:
@@ -131,7 +131,7 @@ def any_form_correct(
         if f is not None and f.form != BOXED and _balanced(f.text)
     ]
     if todo:
-        wrapped = [f"\\boxed{{{text}}}" for _, text in todo]
+        wrapped = [boxed(text) for _, text in todo]
         scores = pool.score(wrapped, [str(golds[i]) for i, _ in todo])
         for (i, _), score in zip(todo, scores, strict=True):
             out[i] = score >= 1.0

@@ -5,6 +5,11 @@ from __future__ import annotations
 BOXED = "\\boxed"
 
 
+def boxed(answer: str) -> str:
+    """`answer` in the form the maths rewards read: `\\boxed{answer}`."""
+    return f"{BOXED}{{{answer}}}"
+
+
 def last_boxed(text: str) -> str | None:
     """Content of the last `\\boxed{...}` (nested braces balanced), or None if there is none."""
     start = text.rfind(BOXED + "{")

@@ -16,7 +16,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from gspo_cli.rewards.extract import last_boxed
+from gspo_cli.rewards.extract import boxed, last_boxed
 from gspo_cli.rewards.registry import REWARDS
 from gspo_cli.workers import kill_pool, pool_worker_init
 
@@ -41,7 +41,7 @@ def check_answer(completion: str, gold: str, timeout_s: float = 5.0) -> float:
             [LatexExtractionConfig(), ExprExtractionConfig()],
             parsing_timeout=timeout,
         )
-        pred_parsed = parse(f"\\boxed{{{answer}}}", parsing_timeout=timeout)
+        pred_parsed = parse(boxed(answer), parsing_timeout=timeout)
         if not gold_parsed or not pred_parsed:
             return 0.0
         return 1.0 if verify(gold_parsed, pred_parsed, timeout_seconds=timeout) else 0.0

@@ -192,9 +192,13 @@ def test_a_cold_start_can_imitate_the_boxed_answer_where_there_is_no_solution() 
     with pytest.raises(GspoError, match=r"no 'solution' to imitate.*cold_start.target: answer"):
         cold_start(None, None, [[1]] * 3, rows, settings, 0)  # type: ignore[arg-type]
     settings = Recipe.model_validate({"cold_start": {"target": "answer"}}).cold_start
-    several = [{**rows[0], "answer": ""}]  # a task that checks answers and has no gold one
-    with pytest.raises(GspoError, match=r"^cold_start: training row 0 has no reference answer"):
-        cold_start(None, None, [[1]], several, settings, 0)  # type: ignore[arg-type]
+    for unboxable in ("", ["a", "b"], None):  # no gold answer; a list; none at all
+        several = [rows[0], {**rows[0], "answer": unboxable}]
+        with pytest.raises(GspoError, match=r"^cold_start: training row 1 has no single"):
+            cold_start(None, None, [[1]] * 2, several, settings, 0)  # type: ignore[arg-type]
+    code = [{**rows[0], "answer": "7", "tests": [{"input": "", "output": "7"}]}]
+    with pytest.raises(GspoError, match=r"^cold_start: training row 0 has no single"):
+        cold_start(None, None, [[1]], code, settings, 0)  # type: ignore[arg-type]
 
 
 def test_the_shipped_recipe_validates() -> None:

@@ -53,6 +53,18 @@ def test_resume_refuses_the_rest_naming_only_the_refused_keys(tmp_path: Path) ->
     assert named == "--resume: optimizer.betas, rollout.group_size"
 
 
+def test_a_key_added_since_the_run_was_made_is_no_change(tmp_path: Path) -> None:
+    run = _run_with_checkpoint(tmp_path)
+    saved = yaml.safe_load((run / RECIPE).read_text())
+    del saved["cold_start"]["target"]  # a run folder from before cold_start.target existed
+    (run / RECIPE).write_text(yaml.safe_dump(saved))
+    current = _yaml(optimizer={"lr": 1e-5})
+    check_resumable(run, current)  # no error
+    assert resume_changes(run, current) == []
+    with pytest.raises(GspoError, match=r"^--resume: cold_start.target differ"):
+        check_resumable(run, _yaml(optimizer={"lr": 1e-5}, cold_start={"target": "answer"}))
+
+
 def test_the_resume_advice_is_the_command_line_with_the_new_learning_rate() -> None:
     run = Path("runs/x")
     argv = ["train", "r.yaml", "--set", "optimizer.lr=1e-5", "--out", "runs/x", "--resume"]

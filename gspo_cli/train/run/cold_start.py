@@ -49,7 +49,8 @@ def run_cold_start(
         model, _ = load_policy(str(folder), dtype=recipe.model.dtype)
         return model
     cfg = recipe.cold_start
-    display.print(f"cold start: {cfg.steps} SFT steps on worked solutions")
+    imitated = "worked solutions" if cfg.target == "solution" else "boxed reference answers"
+    display.print(f"cold start: {cfg.steps} SFT steps on {imitated}")
     t0 = time.perf_counter()
     plain = recipe.logging.console == "plain"
     with PhaseProgress(display, "cold start", cfg.steps, plain) as progress:

@@ -60,13 +60,22 @@ def _matches(key: str, patterns: tuple[str, ...]) -> bool:
     return any(key == p or (p.endswith(".") and key.startswith(p)) for p in patterns)
 
 
+def with_defaults(saved: Any, defaults: Any) -> Any:
+    """`saved` with every key it lacks taken from `defaults`: a key the schema gained after the
+    run was made held its default's behaviour in that run, so it is no change."""
+    if not (isinstance(saved, dict) and isinstance(defaults, dict)):
+        return saved
+    missing = {key: value for key, value in defaults.items() if key not in saved}
+    return {**missing, **{key: with_defaults(v, defaults.get(key)) for key, v in saved.items()}}
+
+
 def _saved_changes(run_dir: Path, recipe_yaml: str) -> dict[str, tuple[Any, Any]]:
     saved = run_dir / RECIPE
     if not saved.is_file():
         return {}
-    return recipe_changes(
-        yaml.safe_load(saved.read_text(encoding="utf-8")), yaml.safe_load(recipe_yaml)
-    )
+    defaults = Recipe().model_dump(mode="json")
+    old = with_defaults(yaml.safe_load(saved.read_text(encoding="utf-8")), defaults)
+    return recipe_changes(old, yaml.safe_load(recipe_yaml))
 
 
 def _show(value: Any) -> str:

@@ -2,7 +2,7 @@
 
 The loss is the mean cross-entropy over solution tokens (the prompt is context only). A row's
 target is its `solution`: a column, or the final assistant turn of a conversation
-(data/formats.py).
+(data/formats.py); with `cold_start.target: answer`, its reference answer alone, boxed.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gspo_cli.data.formats import SOLUTION_KEY
 from gspo_cli.errors import GspoError
 from gspo_cli.recipe.trainer import ColdStartConfig
+from gspo_cli.rewards.extract import boxed
 from gspo_cli.train.engines.schedule import lr_lambda
 
 
@@ -42,11 +43,14 @@ def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[s
 
 def imitation_target(row: dict[str, Any], target: str) -> str | None:
     """What the cold start trains on for one row (None: it has nothing to imitate)."""
-    if target == "answer":
-        answer = str(row.get("answer") or "")
-        return f"\\boxed{{{answer}}}" if answer else None
-    solution = row.get(SOLUTION_KEY)
-    return None if solution is None else str(solution)
+    if target == "solution":
+        solution = row.get(SOLUTION_KEY)
+        return None if solution is None else str(solution)
+    answer = row.get("answer")
+    # A code task's answer is its tests, and a list or mapping is no single boxed answer.
+    if row.get("tests") is not None or not isinstance(answer, str | int | float):
+        return None
+    return boxed(str(answer)) if str(answer).strip() else None
 
 
 def cold_start(
@@ -59,13 +63,13 @@ def cold_start(
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """Fine-tune `model` in place for `cfg.steps` steps; returns the loss of each step."""
-    targets = [imitation_target(row, cfg.target) for row in rows]
-    missing = next((i for i, target in enumerate(targets) if target is None), None)
+    texts = [imitation_target(row, cfg.target) for row in rows]
+    missing = next((i for i, text in enumerate(texts) if text is None), None)
     if missing is not None and cfg.target == "answer":
         raise GspoError(
-            f"cold_start: training row {missing} has no reference answer to imitate "
-            "(cold_start.target: answer): its task accepts several answers, or the data's "
-            "answer column is empty"
+            f"cold_start: training row {missing} has no single reference answer to box "
+            "(cold_start.target: answer): a code task, a task that accepts several answers, "
+            "a list or mapping for an answer, or an empty answer column"
         )
     if missing is not None:
         raise GspoError(
@@ -73,7 +77,7 @@ def cold_start(
             "'solution' column, or conversations that end with the assistant's turn, or set "
             "cold_start.target: answer to imitate the boxed reference answer alone"
         )
-    examples = [_encode(tokenizer, p, str(t)) for p, t in zip(prompt_ids, targets, strict=True)]
+    examples = [_encode(tokenizer, p, str(t)) for p, t in zip(prompt_ids, texts, strict=True)]
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     warmup = max(1, cfg.steps // 20)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
