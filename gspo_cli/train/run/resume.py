@@ -73,9 +73,9 @@ def _saved_changes(run_dir: Path, recipe_yaml: str) -> dict[str, tuple[Any, Any]
     saved = run_dir / RECIPE
     if not saved.is_file():
         return {}
-    defaults = Recipe().model_dump(mode="json")
+    defaults = Recipe().model_dump(mode="json")  # both sides: either may be a partial recipe
     old = with_defaults(yaml.safe_load(saved.read_text(encoding="utf-8")), defaults)
-    return recipe_changes(old, yaml.safe_load(recipe_yaml))
+    return recipe_changes(old, with_defaults(yaml.safe_load(recipe_yaml), defaults))
 
 
 def _show(value: Any) -> str:
