@@ -60,13 +60,13 @@ def _matches(key: str, patterns: tuple[str, ...]) -> bool:
     return any(key == p or (p.endswith(".") and key.startswith(p)) for p in patterns)
 
 
-def with_defaults(saved: Any, defaults: Any) -> Any:
-    """`saved` with every key it lacks taken from `defaults`: a key the schema gained after the
-    run was made held its default's behaviour in that run, so it is no change."""
-    if not (isinstance(saved, dict) and isinstance(defaults, dict)):
-        return saved
-    missing = {key: value for key, value in defaults.items() if key not in saved}
-    return {**missing, **{key: with_defaults(v, defaults.get(key)) for key, v in saved.items()}}
+def with_defaults(tree: Any, defaults: Any) -> Any:
+    """A recipe tree with every key it lacks taken from `defaults`: a key the schema gained
+    after a run was made held its default's behaviour in that run, so it is no change."""
+    if not (isinstance(tree, dict) and isinstance(defaults, dict)):
+        return tree
+    missing = {key: value for key, value in defaults.items() if key not in tree}
+    return {**missing, **{key: with_defaults(v, defaults.get(key)) for key, v in tree.items()}}
 
 
 def _saved_changes(run_dir: Path, recipe_yaml: str) -> dict[str, tuple[Any, Any]]:
