@@ -7,7 +7,12 @@ shipped) is evaluated on the first `--limit` problems of each benchmark (the cop
 interrupted comparison picks up where it stopped, a finished one is not sampled again, and other
 settings for the same folder are refused), one after the other. Then a markdown table:
 strict accuracy (avg@k: the last \\boxed{} right), answered (an answer in that form) and right in
-any form, each with its 95% bootstrap interval over problems, written to DIR/no_regression.md.
+any form, each with its 95% bootstrap interval over problems; the share of responses cut at the
+cap, and right in any form counting only responses that ended (the final-number rule reads the
+last number of whatever text there is, and a response cut mid-sentence can end on the answer by
+chance); and each checkpoint's difference from the first one in right in any form, paired by
+problem (95% bootstrap interval of the mean per-problem difference). Written to
+DIR/no_regression.md.
 
     .venv/bin/python benchmarks/no_regression.py DIR base=builtin:smollm2-135m \\
         full=runs/real-slips/smollm2-slips-s1 [--benchmarks gsm8k,math500] [--limit 200] \\
@@ -27,14 +32,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gspo_cli.run_folder import RESULTS
+from gspo_cli.eval.metrics import bootstrap_ci
+from gspo_cli.run_folder import RESULTS, SAMPLES
 
 GSPO = [sys.executable, "-m", "gspo_cli.cli"]
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"  # ../shared beside the repo
 
 
 def _evaluate(path: str, benchmark: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """`gspo eval` of one checkpoint on one benchmark (resumed); its results.json."""
+    """`gspo eval` of one checkpoint on one benchmark (resumed): its results.json, and under
+    "per_problem" each problem's (right in any form, right in any form and ended) rates."""
     command = [
         *GSPO, "eval", path, "--benchmark", benchmark, "--limit", str(args.limit),
         "--samples", str(args.samples), "--max-new-tokens", str(args.max_new_tokens),
@@ -42,7 +49,28 @@ def _evaluate(path: str, benchmark: str, folder: Path, args: argparse.Namespace)
     ]  # fmt: skip
     subprocess.run(command, check=True)  # --resume: done problems kept, other settings refused
     results: dict[str, Any] = json.loads((folder / RESULTS).read_text())
+    results["per_problem"] = {}
+    for line in (folder / SAMPLES).read_text().splitlines():
+        record = json.loads(line)
+        right, cut = record["correct_any_form"], record["truncated"]
+        ended = [r and not c for r, c in zip(right, cut, strict=True)]
+        results["per_problem"][record["id"]] = (sum(right) / len(right), sum(ended) / len(ended))
     return results
+
+
+def _share(values: list[float]) -> str:
+    low, high = bootstrap_ci(values)
+    return f"{100 * sum(values) / len(values):.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
+
+
+def _paired(results: dict[str, Any], first: dict[str, Any]) -> str:
+    """Right in any form minus the first checkpoint's, problem by problem (the same problems)."""
+    if results is first:
+        return "(reference)"
+    ours, theirs = results["per_problem"], first["per_problem"]
+    gaps = [ours[key][0] - theirs[key][0] for key in ours if key in theirs]
+    low, high = bootstrap_ci(gaps)
+    return f"{100 * sum(gaps) / len(gaps):+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
 
 
 def _cell(metric: dict[str, float] | None) -> str:
@@ -55,11 +83,12 @@ def _cell(metric: dict[str, float] | None) -> str:
 def table(
     rows: dict[tuple[str, str], dict[str, Any]], names: list[str], benchmarks: list[str]
 ) -> str:
-    """Markdown: one line per (checkpoint, benchmark), strict / answered / any form."""
+    """Markdown: one line per (checkpoint, benchmark), strict / answered / any form / cut /
+    any form among ended responses / any form paired against the first checkpoint."""
     lines = [
         "| checkpoint | benchmark | problems x samples | accuracy (strict) | answered "
-        "| right in any form |",
-        "|---|---|---|---|---|---|",
+        "| right in any form | cut at the cap | right in any form, ended | any form vs first |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in names:
         for benchmark in benchmarks:
@@ -67,7 +96,9 @@ def table(
             metrics = results["metrics"]
             strict = metrics[f"avg@{results['sampling']['samples']}"]
             forms = [metrics.get("answered"), metrics.get("accuracy_any_form")]
-            cells = [_cell(strict), *map(_cell, forms)]
+            cells = [_cell(strict), *map(_cell, forms), f"{100 * metrics['truncated_frac']:.1f}%"]
+            ended = [pair[1] for pair in results["per_problem"].values()]
+            cells += [_share(ended), _paired(results, rows[names[0], benchmark])]
             size = f"{results['problems']} x {results['sampling']['samples']}"
             lines.append(f"| {name} | {benchmark} | {size} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
