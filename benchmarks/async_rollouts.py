@@ -33,7 +33,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gspo_cli.run_folder import COLD_START, EVALS, HF_CONFIG, METRICS
+from gspo_cli.runs.folder import COLD_START, EVALS, HF_CONFIG, METRICS
 
 QUICKSTART = Path(__file__).resolve().parent.parent / "recipes" / "quickstart.yaml"
 GSPO = [sys.executable, "-m", "gspo_cli.cli"]

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from gspo_cli.compare.intervals import Estimate
-from gspo_cli.run_folder import COLD_START, HF_CONFIG, METRICS, RUN_MARKER
+from gspo_cli.runs.folder import COLD_START, HF_CONFIG, METRICS, RUN_MARKER
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 DEFAULT_RECIPES = [

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gspo_cli.eval.metrics import bootstrap_ci
-from gspo_cli.run_folder import RESULTS, SAMPLES
+from gspo_cli.runs.folder import RESULTS, SAMPLES
 
 GSPO = [sys.executable, "-m", "gspo_cli.cli"]
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"  # ../shared beside the repo

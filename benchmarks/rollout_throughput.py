@@ -23,9 +23,10 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import torch
 
 from gspo_cli.models import load_policy
-from gspo_cli.models.forward.batch import build_train_batch, pad_logprobs
+from gspo_cli.models.forward.batch import pad_logprobs
 from gspo_cli.models.forward.logprobs import response_logprobs
 from gspo_cli.rollout import EngineSpec, SamplingParams, make_rollout_engine
+from gspo_cli.train.step.train_batch import build_train_batch
 
 
 def tokens_per_s(engine, prompts, params, seed: int, seeded: bool) -> float:  # type: ignore[no-untyped-def]

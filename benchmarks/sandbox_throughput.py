@@ -18,9 +18,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from gspo_cli.rewards.code import JudgePool, judge_completions, run_program
-from gspo_cli.rewards.code.cgroups import ROOT, own_cgroup_paths
-from gspo_cli.rewards.code.isolation import child_python, detect_mode
+from gspo_cli.rewards.code import judge_completions
+from gspo_cli.sandbox import SandboxPool, run_program
+from gspo_cli.sandbox.cgroups import ROOT, own_cgroup_paths
+from gspo_cli.sandbox.isolation import child_python, detect_mode
 
 PROGRAM = "```python\nn = int(input())\nprint(sum(range(n)))\n```"
 TESTS = {"inputs": ["1000\n"], "outputs": ["499500\n"]}
@@ -91,7 +92,7 @@ def main() -> None:
     with cpu_meter() as cpu:
         bare = mean_cost(lambda: subprocess.run([python, "-c", "pass"], check=True), 20, cpu)
         boxed = mean_cost(lambda: run_program("pass", isolation=mode, **weak), 20, cpu)
-    pool = JudgePool(args.workers)
+    pool = SandboxPool(args.workers)
     try:
         judge_completions([PROGRAM], [TESTS], pool=pool, isolation=mode, **weak)  # warm-up
         start = time.perf_counter()

@@ -15,11 +15,11 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from gspo_cli.engines import TRAIN_ENGINES, multi_process_engines
-from gspo_cli.errors import GspoError, Stopped
+from gspo_cli.core.engine_catalogue import TRAIN_ENGINES, multi_process_engines
+from gspo_cli.core.errors import GspoError, Stopped
+from gspo_cli.core.registry import UnknownNameError
 from gspo_cli.recipe import Recipe, RecipeError, dump_recipe_yaml, load_recipe
-from gspo_cli.registry import UnknownNameError
-from gspo_cli.run_folder import COLD_START, HF_CONFIG, run_dir_of, write_error
+from gspo_cli.runs.folder import COLD_START, HF_CONFIG, run_dir_of, write_error
 from gspo_cli.train.run.signals import (
     INTERRUPT_EXIT,
     eval_stop_message,
@@ -231,7 +231,7 @@ def eval_(
 ) -> None:
     """Evaluate a checkpoint on a benchmark: avg@k, pass@k, maj@k, Elo, with intervals."""
     from gspo_cli.eval.runner import run_eval
-    from gspo_cli.rewards.code.isolation import allow_weak_isolation
+    from gspo_cli.sandbox.isolation import allow_weak_isolation
 
     resolved = load_recipe(recipe, set_) if recipe else _recipe_from_overrides(set_)
     flags = {
@@ -308,7 +308,7 @@ def compare(
 def _writer(run_dir: Path, command: str, resume: bool = False) -> AbstractContextManager[None]:
     """The run folder's checks, marker and one-writer lock (run_marker.owned_folder). The ranks
     a launcher started (--nproc) leave it to the launching `gspo train`, which holds it for all."""
-    from gspo_cli.run_marker import RUN, owned_folder
+    from gspo_cli.runs.marker import RUN, owned_folder
 
     if "LOCAL_RANK" in os.environ:
         return nullcontext()

@@ -210,7 +210,7 @@ fi
 STEP="asking the image for its sandbox modes"
 # shellcheck disable=SC2086
 podman run --rm $CONTAINER_RUN_FLAGS --entrypoint python "$IMAGE" -c \
-    'from gspo_cli.rewards.code import isolation as i; print("sandbox modes that work here:", ", ".join(i.available_modes()))' \
+    'from gspo_cli.sandbox import isolation as i; print("sandbox modes that work here:", ", ".join(i.available_modes()))' \
     2>&1 | sed 's/^/[container-ci] /'
 
 # 5. Test (make docker-test rebuilds first: every layer comes from the cache). The container is

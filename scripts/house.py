@@ -5,13 +5,14 @@
 Every import statement counts, lazy and type-only ones too: a circle hidden behind TYPE_CHECKING
 is still a circle for the reader. Layers run one way (docs/code-layout.md), top first:
 
-    cli -> train, eval, compare -> recipe -> rollout, rewards, models, data -> algorithms -> base
+    cli -> train, eval, compare -> recipe -> rollout, rewards, models, data -> sandbox, runs
+        -> algorithms -> core
 
-where base is the top-level helpers (engines, errors, registry, workers, run_folder, ...). An
+The top level holds cli.py and folders only (TOP_LEVEL). An
 arrow from a lower layer to a higher one is "upward". Inside a layer's package, its wings (WINGS)
 are layers too: train/'s run -> async_rollouts -> step -> engines. Two packages that import each
 other are a "package circle" even on one layer (rollout/ and models/, say): the type both sides
-share belongs below both. Not an import: gspo_cli/engines.py names
+share belongs below both. Not an import: gspo_cli/core/engine_catalogue.py names
 each engine's class as "module:attribute", loaded by the layer that builds it (the list sits
 low so that the recipe can check names; the classes stay where they belong).
 
@@ -37,11 +38,20 @@ LAYERS: list[set[str]] = [
     {"train", "eval", "compare"},
     {"recipe"},
     {"rollout", "rewards", "models", "data"},
+    {"sandbox", "runs"},
     {"algorithms"},
+    {"core"},
 ]
 # A package's wings, top first: a wing imports only the wings below it.
 WINGS: dict[str, list[str]] = {"train": ["run", "async_rollouts", "step", "engines"]}
 LONG_FUNCTION_MARK = "# long on purpose:"
+# The package's top level: these files, and folders. Anything else is a loose module.
+TOP_LEVEL = {"__init__.py", "cli.py"}
+# Packages of one layer that must not import the other: (importer, imported).
+APART: list[tuple[str, str]] = [
+    ("rollout", "rewards"),  # the sandbox and the import probe sit below both
+    ("models", "rollout"),  # a model knows nothing of rollouts; the step builds its batch
+]
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -175,6 +185,12 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def apart(source: str, target: str) -> bool:
+    """Whether `source` -> `target` joins two packages that APART keeps apart."""
+    first = lambda module: module.split(".")[1] if "." in module else ""  # noqa: E731
+    return (first(source), first(target)) in APART
+
+
 def long_functions(tree: ast.Module, lines: list[str]) -> list[tuple[str, int, int]]:
     """(name, first line, length) of each function longer than MAX_FUNCTION_LINES, unexplained."""
     found = []
@@ -210,6 +226,9 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
 def survey(root: Path = ROOT) -> list[str]:
     """Every finding, one line each."""
     findings: list[str] = []
+    for path in sorted(root.glob("*.py")):
+        if path.name not in TOP_LEVEL:
+            findings.append(f"loose module: {path.relative_to(root.parent)} (top level: folders)")
     for path in sorted(root.rglob("*.py")):
         text = path.read_text()
         lines = text.splitlines()
@@ -223,6 +242,8 @@ def survey(root: Path = ROOT) -> list[str]:
         for target in sorted(targets):
             if upward(name, target):
                 findings.append(f"upward arrow: {name} -> {target}")
+            if apart(name, target):
+                findings.append(f"forbidden arrow: {name} -> {target}")
     for component in circles(graph):
         findings.append("import circle: " + " <-> ".join(component))
     packages = {module_name(path, root) for path in root.rglob("__init__.py")}
@@ -238,7 +259,10 @@ def main() -> int:
     strict = parser.parse_args().strict
     for finding in findings:
         print(finding)
-    kinds = ["import circle", "package circle", "upward arrow", "long file", "long function"]
+    kinds = [
+        "import circle", "package circle", "upward arrow", "forbidden arrow", "loose module",
+        "long file", "long function",
+    ]  # fmt: skip
     print(", ".join(f"{sum(f.startswith(k) for f in findings)} {k}s" for k in kinds))
     return 1 if strict and findings else 0
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from gspo_cli.algorithms.turns import split_turns
-from gspo_cli.registry import Registry
+from gspo_cli.core.registry import Registry
 
 # Per-token loss [B, T], mask [B, T] -> per-token contribution [B, T], summed by the caller.
 TokenWeighting = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 
 from gspo_cli.algorithms.losses import LOG_RATIO_CLAMP, sequence_log_ratio
-from gspo_cli.registry import Registry
+from gspo_cli.core.registry import Registry
 
 
 class Correction(NamedTuple):

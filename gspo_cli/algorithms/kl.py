@@ -20,7 +20,7 @@ import torch
 
 from gspo_cli.algorithms.advantages import group_advantages
 from gspo_cli.algorithms.losses import LOG_RATIO_CLAMP
-from gspo_cli.registry import Registry
+from gspo_cli.core.registry import Registry
 
 # (log pi `[B, T]`, log pi_ref `[B, T]`) -> per-token estimate `[B, T]`
 KlEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -14,7 +14,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from gspo_cli.algorithms.aggregation import DEFAULT_LOSS_AGG, LOSS_AGGREGATIONS
-from gspo_cli.registry import Registry
+from gspo_cli.core.registry import Registry
 
 # Log-ratios are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exp: a stale or corrupted
 # sample (log-ratio of hundreds) would otherwise give inf ratios and NaN gradients. exp(20) ~ 5e8

@@ -19,7 +19,7 @@ from gspo_cli.compare.seeds import group_runs
 from gspo_cli.compare.series import HELDOUT, HELDOUT_FORMS, RATIO_SPREAD, X_LABELS, X_SOURCES
 from gspo_cli.compare.stats import compare
 from gspo_cli.compare.table import build_rows, rich_table
-from gspo_cli.run_folder import RECIPE
+from gspo_cli.runs.folder import RECIPE
 
 __all__ = ["DEFAULT_OUT", "compare_runs"]
 

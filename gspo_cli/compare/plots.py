@@ -30,7 +30,7 @@ from gspo_cli.compare.series import (
     x_positions,
 )
 from gspo_cli.compare.stats import Comparison, RunReport, SeedGroup
-from gspo_cli.run_folder import write_bytes_atomic
+from gspo_cli.runs.folder import write_bytes_atomic
 
 FIGSIZE = (8.0, 4.5)
 DPI = 100

@@ -24,7 +24,7 @@ from gspo_cli.compare.verdicts import (
     VERDICT_WINDOW,
     verdict_text,
 )
-from gspo_cli.run_folder import SUMMARY, SUMMARY_MD, write_text_atomic
+from gspo_cli.runs.folder import SUMMARY, SUMMARY_MD, write_text_atomic
 
 
 def _finite(value: Any) -> Any:

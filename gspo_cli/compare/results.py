@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gspo_cli.run_folder import EVAL_DIR, RESULTS
+from gspo_cli.runs.folder import EVAL_DIR, RESULTS
 
 VALUE_KEYS = ("value", "mean", "estimate", "score")
 INTERVAL_KEYS = (("ci_low", "ci_high"), ("low", "high"), ("lower", "upper"))

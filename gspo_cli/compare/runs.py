@@ -18,9 +18,9 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
-from gspo_cli.collapse import HeldoutSize
 from gspo_cli.compare.results import EvalResult, read_results
-from gspo_cli.run_folder import EVALS, EVENTS, METRICS, RECIPE, SUMMARY, iter_jsonl
+from gspo_cli.runs.collapse import HeldoutSize
+from gspo_cli.runs.folder import EVALS, EVENTS, METRICS, RECIPE, SUMMARY, iter_jsonl
 
 # eval.jsonl's answer forms beside accuracy (docs/evaluation.md, "Form and substance")
 HELDOUT_FORM_KEYS = ("answered", "accuracy_any_form", "ran_clean")

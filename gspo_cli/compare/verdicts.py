@@ -11,7 +11,7 @@ the display):
   smoothed curve lags a sudden drop), else the step the smoothed curve crossed it.
 - entropy collapse: the first step whose entropy is below ENTROPY_FLOOR_FRACTION of the initial
   entropy (the mean of the first ENTROPY_BASELINE_POINTS finite values).
-- the trainer's own collapse detector (`gspo_cli.collapse`), replayed over the records: entropy
+- the trainer's own collapse detector (`gspo_cli.runs.collapse`), replayed over the records: entropy
   explosion or collapse, reward crash, ratio blow-up, held-out drop; and every event the
   trainer's guards recorded in events.jsonl (skipped non-finite updates, rollbacks, stops).
 """
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gspo_cli.collapse import replay
 from gspo_cli.compare.runs import Run
 from gspo_cli.compare.series import metric_series, smooth
+from gspo_cli.runs.collapse import replay
 
 VERDICT_WINDOW = 5
 REWARD_DROP_FRACTION = 0.2

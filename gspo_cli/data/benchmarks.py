@@ -26,6 +26,8 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from gspo_cli.core.errors import GspoError
+from gspo_cli.core.registry import Registry
 from gspo_cli.data.files import HubSource, data_files, load_hub_rows, read_file_rows
 from gspo_cli.data.problems import (
     CUSTOM_FIELDS,
@@ -39,8 +41,6 @@ from gspo_cli.data.problems import (
     parse_livecodebench,
     parse_math500,
 )
-from gspo_cli.errors import GspoError
-from gspo_cli.registry import Registry
 
 BENCHMARKS_DIR_ENV = "GSPO_BENCHMARKS_DIR"
 

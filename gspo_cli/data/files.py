@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 
 Row = dict[str, Any]
 DATA_SUFFIXES = (".json", ".jsonl", ".parquet")

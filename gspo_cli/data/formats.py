@@ -24,7 +24,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 
 ROLES = ("system", "user", "assistant", "tool")
 SOLUTION_KEY = "solution"  # the cold-start target: a column, or a conversation's last turn

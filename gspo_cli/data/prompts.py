@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -9,13 +9,13 @@ import random
 from pathlib import Path
 from typing import Any, Protocol
 
+from gspo_cli.core.errors import GspoError
+from gspo_cli.core.registry import UnknownNameError
 from gspo_cli.data.arithmetic import ArithmeticSettings, arithmetic_split
 from gspo_cli.data.benchmarks import build_prompt, load_benchmark
 from gspo_cli.data.problems import Problem
 from gspo_cli.data.prompts import Prompt
 from gspo_cli.data.reasoning_gym import ReasoningGymSettings, reasoning_gym_split, task_of
-from gspo_cli.errors import GspoError
-from gspo_cli.registry import UnknownNameError
 
 BUILTIN_TASK_PREFIX = "builtin:"  # builtin:arithmetic
 BENCHMARK_PREFIX = "benchmark:"  # benchmark:NAME or benchmark:NAME:PATH (a local file/folder)

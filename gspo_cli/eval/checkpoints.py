@@ -8,12 +8,12 @@ from pathlib import Path
 import yaml
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.models import load_policy
 from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX
 from gspo_cli.models.gguf import GGUF_SUFFIX
 from gspo_cli.models.lora import is_adapter_folder
-from gspo_cli.run_folder import (
+from gspo_cli.runs.folder import (
     ADAPTER_CONFIG,
     CHECKPOINTS,
     COLD_START,
@@ -21,7 +21,7 @@ from gspo_cli.run_folder import (
     LATEST,
     RECIPE,
 )
-from gspo_cli.run_marker import RUN, folder_kind
+from gspo_cli.runs.marker import RUN, folder_kind
 
 
 def is_checkpoint(folder: Path) -> bool:

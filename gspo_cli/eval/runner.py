@@ -19,11 +19,11 @@ from rich.console import Console
 from rich.table import Table
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from gspo_cli.core.errors import GspoError
 from gspo_cli.data import render_prompt
 from gspo_cli.data.benchmarks import build_prompt, load_benchmark
 from gspo_cli.data.problems import Problem
 from gspo_cli.data.prompts import IDENTITY, PLAIN, PromptFormat, PromptSettings
-from gspo_cli.errors import GspoError
 from gspo_cli.eval.checkpoints import load_for_eval, resolve_checkpoint
 from gspo_cli.eval.codeelo import load_standings_cache
 from gspo_cli.eval.progress import EvalProgress
@@ -32,8 +32,9 @@ from gspo_cli.eval.summary import codeforces_elo, summarize
 from gspo_cli.models.loading import convert_first
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
+from gspo_cli.rollout.tool_settings import ToolSettings
 from gspo_cli.rollout.tools.build import tool_schemas_for
-from gspo_cli.run_folder import (
+from gspo_cli.runs.folder import (
     RESULTS,
     SAMPLES,
     SETTINGS,
@@ -42,8 +43,7 @@ from gspo_cli.run_folder import (
     write_error,
     write_text_atomic,
 )
-from gspo_cli.run_marker import EVAL, owned_folder
-from gspo_cli.tool_settings import ToolSettings
+from gspo_cli.runs.marker import EVAL, owned_folder
 
 SEQUENCES_PER_BATCH = 64  # problems x samples per generate call: bounds memory on small machines
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.eval.runner import EvalSettings
 from gspo_cli.recipe import Recipe, RecipeError
 from gspo_cli.recipe.inputs import check_template

@@ -18,8 +18,8 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
+from gspo_cli.core.registry import Registry
 from gspo_cli.models.tokenizer import build_char_tokenizer
-from gspo_cli.registry import Registry
 
 BUILTIN_MODEL_PREFIX = "builtin:"  # builtin:tiny-dense, parsed by models.loading
 

@@ -20,8 +20,8 @@ from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gspo_cli.errors import GspoError
-from gspo_cli.run_folder import HF_CONFIG
+from gspo_cli.core.errors import GspoError
+from gspo_cli.runs.folder import HF_CONFIG
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -15,7 +15,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX, BUILTIN_MODELS, create_builtin
 from gspo_cli.models.gguf import (
     GGUF_SUFFIX,

@@ -30,8 +30,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from gspo_cli.errors import GspoError
-from gspo_cli.run_folder import (
+from gspo_cli.core.errors import GspoError
+from gspo_cli.runs.folder import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     CHECKPOINTS,

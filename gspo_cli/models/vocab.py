@@ -11,7 +11,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX
 from gspo_cli.models.loading import hf_path, hub_unavailable, is_gguf_path, not_in_cache
 from gspo_cli.models.lora import adapter_base, is_adapter_folder

@@ -21,10 +21,10 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gspo_cli.engines import ROLLOUT_ENGINES
+from gspo_cli.core.engine_catalogue import ROLLOUT_ENGINES
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.recipe.section import looks_local
-from gspo_cli.run_folder import HF_CONFIG
+from gspo_cli.runs.folder import HF_CONFIG
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from gspo_cli.data.prompts import DEFAULT_TEMPLATE, check_template_kwargs
 from gspo_cli.data.reasoning_gym import task_of, task_specs
 from gspo_cli.recipe.section import Section, check_exists, looks_local
-from gspo_cli.run_folder import HF_CONFIG
+from gspo_cli.runs.folder import HF_CONFIG
 
 # peft's name for every linear layer but the output head
 LORA_ALL_LINEAR: Literal["all-linear"] = "all-linear"

@@ -14,8 +14,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from gspo_cli.core.errors import GspoError
 from gspo_cli.data.sources import BENCHMARK_PREFIX, split_benchmark_source
-from gspo_cli.errors import GspoError
 from gspo_cli.recipe.bounds import size_problems, warn_memory
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.recipe.section import looks_local

@@ -8,9 +8,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.recipe.section import Section, registered
-from gspo_cli.tool_settings import ToolSettings
+from gspo_cli.rollout.tool_settings import ToolSettings
 
 # A step's rounds are bounded: past this many, a filter that keeps nothing is the problem.
 MAX_DYNAMIC_SAMPLING_ROUNDS = 1000

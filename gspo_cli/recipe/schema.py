@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gspo_cli.engines import ROLLOUT_ENGINES
+from gspo_cli.core.engine_catalogue import ROLLOUT_ENGINES
 from gspo_cli.recipe.algorithm import AlgorithmConfig
 from gspo_cli.recipe.inputs import DataConfig, ModelConfig
 from gspo_cli.recipe.reward import RewardConfig
@@ -26,7 +26,7 @@ from gspo_cli.recipe.trainer import (
     OptimizerConfig,
     TrainerConfig,
 )
-from gspo_cli.tool_settings import ToolSettings
+from gspo_cli.rollout.tool_settings import ToolSettings
 
 
 class EvalConfig(Section):

@@ -8,9 +8,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from gspo_cli.core.engine_catalogue import ROLLOUT_ENGINES, TRAIN_ENGINES
+from gspo_cli.core.registry import Registry, UnknownNameError
 from gspo_cli.data.sources import split_benchmark_source
-from gspo_cli.engines import ROLLOUT_ENGINES, TRAIN_ENGINES
-from gspo_cli.registry import Registry, UnknownNameError
 
 LOCAL_DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".yaml", ".yml", ".gguf")
 

@@ -33,12 +33,12 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from gspo_cli.rewards.code.judge import JudgePool
+from gspo_cli.core.import_probe import probe_import
 from gspo_cli.rewards.context import RewardContext
 from gspo_cli.rewards.contract import declares_structured_answers
-from gspo_cli.rewards.import_probe import probe_import
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rewards.registry import REWARDS, RewardFn
+from gspo_cli.sandbox.pool import SandboxPool
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class RewardServices:
     """Shared workers, created and closed by whoever runs the rewards (trainer, eval)."""
 
     math_pool: MathVerifierPool | None = None
-    judge_pool: JudgePool | None = None
+    judge_pool: SandboxPool | None = None
     reward_context: RewardContext | None = None  # model-backed rewards: cache, device, counts
 
 

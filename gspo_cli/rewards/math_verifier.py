@@ -16,9 +16,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from gspo_cli.core.workers import kill_pool, pool_worker_init
 from gspo_cli.rewards.extract import boxed, last_boxed
 from gspo_cli.rewards.registry import REWARDS
-from gspo_cli.workers import kill_pool, pool_worker_init
 
 # The outer deadline allows Math-Verify's own parse + verify timeouts to fire first, plus a
 # slack for a worker process's start.
@@ -67,7 +67,7 @@ class MathVerifierPool:
             # fork, not spawn: spawn re-imports the caller's __main__ (a script, a notebook,
             # stdin), which breaks in many real set-ups. The children only run sympy-based
             # Math-Verify and never touch torch, whose threads are the usual fork hazard.
-            # Workers die with the trainer and leave Ctrl-C to it (gspo_cli/workers.py).
+            # Workers die with the trainer and leave Ctrl-C to it (gspo_cli/core/workers.py).
             ctx = mp.get_context("fork")
             self._pool = ProcessPoolExecutor(
                 self.num_workers,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gspo_cli.registry import Registry
+from gspo_cli.core.registry import Registry
 
 RewardFn = Callable[..., list[float]]
 

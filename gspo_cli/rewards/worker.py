@@ -6,7 +6,7 @@ spawned: spawn re-imports the caller's __main__) at the first call and kept, so 
 module state lives on between calls, in the worker. The functions reach the worker through
 fork's copy of memory: only completions, columns and scores are pickled, so a lambda or a
 closure is a fine reward. The worker dies with the trainer and leaves Ctrl-C to it
-(gspo_cli/workers.py); it leads a process group, which holds what the functions start (a
+(gspo_cli/core/workers.py); it leads a process group, which holds what the functions start (a
 `sleep`, a server) and is killed with it: after a timeout, at the run's end, and by a watchdog
 when the trainer is SIGKILLed; it runs functions in its main thread, so Math-Verify's signal-based
 timeouts work inside a user's reward.
@@ -25,14 +25,14 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
-from gspo_cli.rewards.contract import RewardFailure, RewardTimeout, describe_exception
-from gspo_cli.workers import (
+from gspo_cli.core.workers import (
     kill_group_when_gone,
     kill_groups,
     kill_pool,
     pool_pids,
     pool_worker_init,
 )
+from gspo_cli.rewards.contract import RewardFailure, RewardTimeout, describe_exception
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from gspo_cli.rollout_batch import RolloutBatch
-from gspo_cli.tool_settings import ToolSettings
+from gspo_cli.rollout.batch import RolloutBatch
+from gspo_cli.rollout.tool_settings import ToolSettings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -60,7 +60,7 @@ class RolloutEngine(Protocol):
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """What building a rollout engine needs (gspo_cli/engines.py lists the engines).
+    """What building a rollout engine needs (gspo_cli/core/engine_catalogue.py lists the engines).
 
     `weights` yields the trainer's full, current parameters by HF name (gathered under ZeRO-3):
     an engine that keeps its own copy of the model (vLLM) syncs from it. `capabilities`: the

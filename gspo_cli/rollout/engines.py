@@ -1,10 +1,10 @@
-"""Building the rollout engine `rollout.engine` names (gspo_cli/engines.py lists them)."""
+"""Building the rollout engine `rollout.engine` names (listed in core/engine_catalogue.py)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gspo_cli.engines import ROLLOUT_ENGINES
+from gspo_cli.core.engine_catalogue import ROLLOUT_ENGINES
 from gspo_cli.rollout.base import EngineSpec, RolloutEngine
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.models.routing import is_moe
 from gspo_cli.rollout.base import EngineSpec, RolloutBatch, Rows, SamplingParams
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gspo_cli.recipe import load_recipe
-from gspo_cli.run_folder import COLD_START
+from gspo_cli.runs.folder import COLD_START
 from gspo_cli.train.run.loop import run_sft_only
 from tests.helpers import TrainedRuns, write_recipe
 

@@ -16,8 +16,8 @@ import torch
 
 from gspo_cli.models import load_policy
 from gspo_cli.recipe import deep_merge
-from gspo_cli.run_folder import RUN_MARKER
-from gspo_cli.run_marker import RUN, mark_folder
+from gspo_cli.runs.folder import RUN_MARKER
+from gspo_cli.runs.marker import RUN, mark_folder
 from tests.helpers import invoke_cli, one_error_line, write_recipe
 
 GSM8K = Path("benchmarks") / "gsm8k" / "qwen25math_gsm8k_test.jsonl"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.models import create_builtin
 from gspo_cli.recipe import Recipe
 from gspo_cli.train.engines.distributed import LOCAL

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from gspo_cli.core.errors import GspoError
 from gspo_cli.data.benchmarks import load_benchmark
-from gspo_cli.errors import GspoError
 from gspo_cli.eval.metrics import pass_at_k
 from gspo_cli.eval.runner import EngineFactory, EvalSettings, run_eval
 from gspo_cli.eval.summary import codeforces_elo

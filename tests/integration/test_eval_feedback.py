@@ -19,7 +19,7 @@ from gspo_cli.data import render_prompt
 from gspo_cli.data.benchmarks import MATH_INSTRUCTION, load_benchmark
 from gspo_cli.data.problems import Problem
 from gspo_cli.eval.runner import EngineFactory, EvalSettings, prompt_builder, run_eval
-from gspo_cli.run_folder import RUN_MARKER
+from gspo_cli.runs.folder import RUN_MARKER
 from tests.fixed_engine import FixedRolloutEngine
 from tests.helpers import REPO, invoke_cli, write_recipe
 

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.models import create_builtin, gguf
 from gspo_cli.models.loading import load_policy
-from gspo_cli.run_folder import GGUF_BASE, RUN_MARKER
+from gspo_cli.runs.folder import GGUF_BASE, RUN_MARKER
 from tests.helpers import invoke_cli, write_recipe
 
 

@@ -11,7 +11,7 @@ import torch
 from rich.console import Console
 from safetensors.torch import load_file
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.models import create_builtin
 from gspo_cli.recipe import Recipe, dump_recipe_yaml, load_recipe
 from gspo_cli.train.engines.distributed import LOCAL

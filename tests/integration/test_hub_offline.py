@@ -19,7 +19,7 @@ COMMIT = "0" * 40
 
 LOAD = """
 import sys
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.models.loading import load_policy
 for path in sys.argv[1:]:
     try:

@@ -12,17 +12,17 @@ import torch
 
 from gspo_cli.algorithms.advantages import group_advantages
 from gspo_cli.algorithms.kl import kl_reward_penalty
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.models import create_builtin
-from gspo_cli.models.forward.batch import build_train_batch
 from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import RolloutBatch, SamplingParams
-from gspo_cli.run_folder import TRAINER_STATE
+from gspo_cli.runs.folder import TRAINER_STATE
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import FrozenPolicy, TorchEngine
 from gspo_cli.train.run.reference import reference_state, refresh, restore_reference
 from gspo_cli.train.step.rewards import RewardScores
+from gspo_cli.train.step.train_batch import build_train_batch
 from gspo_cli.train.step.update import rl_step
 from tests.rl_helpers import FixedRollout, GradCapturingEngine, tiny_step
 

@@ -20,7 +20,7 @@ from rich.console import Console
 from safetensors.torch import load_file
 
 from gspo_cli.models import create_builtin, load_policy
-from gspo_cli.models.forward.batch import TrainBatch, build_train_batch
+from gspo_cli.models.forward.batch import TrainBatch
 from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
@@ -28,6 +28,7 @@ from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import FrozenPolicy, TorchEngine
 from gspo_cli.train.run.reference import BaseReference
+from gspo_cli.train.step.train_batch import build_train_batch
 from gspo_cli.train.step.update import rl_step
 from tests.helpers import invoke_cli, write_recipe
 from tests.rl_helpers import GROUP, PROMPTS, LengthParityReward, tiny_step

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from gspo_cli.models import create_builtin
-from gspo_cli.run_folder import GGUF_BASE
+from gspo_cli.runs.folder import GGUF_BASE
 from tests.helpers import invoke_cli, run_cli, write_recipe
 
 HEAD = {"r": 2, "alpha": 4, "target_modules": ["q_proj", "lm_head"]}
@@ -110,7 +110,7 @@ def test_a_changed_local_base_folder_is_refused_by_eval_export_and_resume(tmp_pa
 
 def test_the_loaded_model_is_checked_for_a_tied_target_too() -> None:
     """A model whose modules are unknown at validate time (a hub id not cached yet)."""
-    from gspo_cli.errors import GspoError
+    from gspo_cli.core.errors import GspoError
     from gspo_cli.models.lora import Adapters
 
     model, _ = create_builtin("tiny-dense", seed=0)

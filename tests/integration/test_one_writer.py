@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gspo_cli.run_folder import LOCK
+from gspo_cli.runs.folder import LOCK
 from tests.helpers import REPO, invoke_cli, lock_holder, run_cli, write_recipe
 
 QUICK = {

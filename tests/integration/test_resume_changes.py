@@ -12,7 +12,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.recipe import dump_recipe_yaml, load_recipe
 from gspo_cli.train.engines.torch_engine import UpdateFailed
 from gspo_cli.train.run.loop import run_loop

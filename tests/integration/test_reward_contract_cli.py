@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gspo_cli.recipe import deep_merge
-from gspo_cli.run_folder import CHECKPOINTS, METRICS, step_folder
+from gspo_cli.runs.folder import CHECKPOINTS, METRICS, step_folder
 from tests.helpers import invoke_cli, write_recipe
 
 REWARDS = '''

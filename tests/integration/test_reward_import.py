@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gspo_cli.rewards.import_probe import IMPORT_TIMEOUT_ENV
+from gspo_cli.core.import_probe import IMPORT_TIMEOUT_ENV
 from tests.helpers import run_cli, write_recipe
 
 SCORE = "\ndef score(completions, **kwargs):\n    return [0.0] * len(completions)\n"

@@ -8,9 +8,9 @@ import logging
 import pytest
 import torch
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.models import create_builtin
-from gspo_cli.models.forward.batch import build_train_batch, pad_logprobs
+from gspo_cli.models.forward.batch import pad_logprobs
 from gspo_cli.models.forward.logprobs import response_logprobs
 from gspo_cli.recipe import Recipe, RecipeError, load_recipe
 from gspo_cli.rollout import EngineSpec, SamplingParams, make_rollout_engine
@@ -18,6 +18,7 @@ from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import TorchEngine
+from gspo_cli.train.step.train_batch import build_train_batch
 from gspo_cli.train.step.update import rl_step
 from tests.rl_helpers import PROMPTS, LengthParityReward, tiny_step
 

@@ -16,8 +16,8 @@ import yaml
 
 from gspo_cli.models import load_policy
 from gspo_cli.recipe import load_recipe
-from gspo_cli.run_folder import RUN_MARKER
-from gspo_cli.run_marker import RUN, mark_folder
+from gspo_cli.runs.folder import RUN_MARKER
+from gspo_cli.runs.marker import RUN, mark_folder
 from gspo_cli.train.engines.torch_engine import TorchEngine, UpdateFailed
 from tests.helpers import invoke_cli, one_error_line, write_recipe
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gspo_cli.errors import Stopped
+from gspo_cli.core.errors import Stopped
 from gspo_cli.recipe import load_recipe
-from gspo_cli.run_folder import CHECKPOINTS, LATEST
+from gspo_cli.runs.folder import CHECKPOINTS, LATEST
 from gspo_cli.train.run.prepare import prepare_run
 from gspo_cli.train.run.signals import stop_on_signals
 from tests.helpers import (

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gspo_cli.recipe import deep_merge, load_recipe
-from gspo_cli.run_folder import COLD_START
+from gspo_cli.runs.folder import COLD_START
 from gspo_cli.train.run.loop import run_sft_only
 from tests.helpers import (
     invoke_cli,

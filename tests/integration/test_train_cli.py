@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gspo_cli.run_folder import RUN_MARKER
+from gspo_cli.runs.folder import RUN_MARKER
 from tests.helpers import REPO, invoke_cli, run_cli, train_until_checkpoint
 
 COMPARED = (

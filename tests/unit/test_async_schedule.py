@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.recipe import Recipe
 from gspo_cli.train.async_rollouts.trainer import in_flight_file, saved_in_flight
 from gspo_cli.train.async_rollouts.worker import WorkerPlan

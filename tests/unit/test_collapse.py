@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from gspo_cli.collapse import CollapseDetector, HeldoutSize, replay
+from gspo_cli.runs.collapse import CollapseDetector, HeldoutSize, replay
 from gspo_cli.train.run.guard import Guard
 
 SIZE = HeldoutSize(problems=100, samples=4)  # held-out evaluations

@@ -13,9 +13,9 @@ import pytest
 from rich.console import Console
 from transformers import PreTrainedTokenizerBase
 
+from gspo_cli.core.errors import GspoError
 from gspo_cli.data.benchmarks import load_benchmark
 from gspo_cli.data.prompts import render_prompt
-from gspo_cli.errors import GspoError
 from gspo_cli.eval.runner import EvalSettings, run_eval
 from gspo_cli.models.tokenizer import CHAT_TEMPLATE, build_char_tokenizer
 from gspo_cli.recipe import Recipe

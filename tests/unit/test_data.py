@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from gspo_cli.core.errors import GspoError
 from gspo_cli.data import arithmetic_split, load_rows
-from gspo_cli.errors import GspoError
 from gspo_cli.recipe import Recipe
 from gspo_cli.recipe.inputs import ArithmeticTaskConfig, DataConfig
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.rollout import RolloutBatch, SamplingParams
 from gspo_cli.train.engines.distributed import LOCAL, DistContext
 from gspo_cli.train.step.dynamic_sampling import (

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from gspo_cli.core.errors import GspoError
+from gspo_cli.core.registry import UnknownNameError
 from gspo_cli.data.benchmarks import (
     BENCHMARKS,
     BENCHMARKS_DIR_ENV,
@@ -19,8 +21,6 @@ from gspo_cli.data.benchmarks import (
     load_benchmark,
 )
 from gspo_cli.data.testcases import TestCase, parse_tests
-from gspo_cli.errors import GspoError
-from gspo_cli.registry import UnknownNameError
 
 EXPECTED_COUNTS = {
     "aime24": 30,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.recipe import Recipe, RecipeError, load_recipe
 from gspo_cli.train.engines.deepspeed_engine import deepspeed_config
 from gspo_cli.train.engines.distributed import check_expert_count, check_world_size

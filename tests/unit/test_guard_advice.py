@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from gspo_cli.recipe import Recipe
-from gspo_cli.run_folder import CHECKPOINTS, LATEST, RECIPE
+from gspo_cli.runs.folder import CHECKPOINTS, LATEST, RECIPE
 from gspo_cli.train.run.guard import Decision, Guard, Remedy, resume_advice
 from gspo_cli.train.run.resume import check_resumable
 

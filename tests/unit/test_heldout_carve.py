@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from gspo_cli.core.errors import GspoError
 from gspo_cli.data import load_rows
-from gspo_cli.errors import GspoError
 from gspo_cli.models.builtin import create_builtin
 from gspo_cli.recipe import Recipe
 from gspo_cli.train.run.problem_sets import (

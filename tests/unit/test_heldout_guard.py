@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gspo_cli.collapse import (
+from gspo_cli.compare.runs import Problems, load_run
+from gspo_cli.compare.verdicts import detector_issues
+from gspo_cli.runs.collapse import (
     HELDOUT_ALPHA,
     CollapseDetector,
     HeldoutSize,
     heldout_drop_p,
     replay,
 )
-from gspo_cli.compare.runs import Problems, load_run
-from gspo_cli.compare.verdicts import detector_issues
 from gspo_cli.train.run.guard import Guard
 
 

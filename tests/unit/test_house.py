@@ -1,5 +1,6 @@
 """The house stays in order: no import circles, no packages importing each other, no upward
-arrows (train/'s wings included), no file over 400 lines, no unexplained function over 80
+arrows (train/'s wings included), no loose module at the top level, rollout/ apart from rewards/
+and models/ apart from rollout/, no file over 400 lines, no unexplained function over 80
 (scripts/house.py), no test module importing another, and the code layout page,
 docs/code-layout.md, names every module."""
 
@@ -88,7 +89,30 @@ def test_the_survey_finds_packages_that_import_each_other_and_a_wing_arrow(tmp_p
     assert "package circle: gspo_cli.models <-> gspo_cli.rollout" in findings
     assert "upward arrow: gspo_cli.train.step.collect -> gspo_cli.train.run.loop" in findings
     assert "package circle: gspo_cli.train.run <-> gspo_cli.train.step" in findings
+    assert "forbidden arrow: gspo_cli.models.forward.batch -> gspo_cli.rollout.types" in findings
     assert not any(f.startswith("import circle") for f in findings), findings
+    assert len(findings) == 4, findings
+
+
+def test_the_survey_finds_a_loose_module_and_arrows_kept_apart(tmp_path: Path) -> None:
+    package = _plant(
+        tmp_path,
+        {
+            "cli.py": "",
+            "errors.py": "",  # a loose module beside the folders
+            "rollout/__init__.py": "",
+            "rollout/tools.py": "from gspo_cli.rewards.code import judge\n",
+            "rewards/__init__.py": "",
+            "rewards/code.py": "judge = 1\n",
+            "models/__init__.py": "",
+            "models/batch.py": "from gspo_cli.rollout import batch\n",
+            "rollout/batch.py": "",
+        },
+    )
+    findings = _house().survey(package)
+    assert "loose module: gspo_cli/errors.py (top level: folders)" in findings
+    assert "forbidden arrow: gspo_cli.rollout.tools -> gspo_cli.rewards.code" in findings
+    assert "forbidden arrow: gspo_cli.models.batch -> gspo_cli.rollout.batch" in findings
     assert len(findings) == 3, findings
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.recipe.reward import RewardConfig, RewardFunctionConfig
 from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.context import RewardContext

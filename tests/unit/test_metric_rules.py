@@ -35,7 +35,7 @@ def test_clip_fractions_combine_over_ranks_by_all_their_tokens() -> None:
 
 
 def test_tool_counts_add_up_over_ranks_and_the_failed_share_comes_from_them() -> None:
-    from gspo_cli.rollout_batch import RolloutBatch, ToolTrace
+    from gspo_cli.rollout.batch import RolloutBatch, ToolTrace
     from gspo_cli.train.engines.metric_rules import combine, tool_error_share
     from gspo_cli.train.step.metrics import tool_metrics
 

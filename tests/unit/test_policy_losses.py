@@ -17,7 +17,7 @@ from gspo_cli.algorithms import (
     compute_policy_loss,
     loss_normalizer,
 )
-from gspo_cli.registry import UnknownNameError
+from gspo_cli.core.registry import UnknownNameError
 from tests.loss_reference import reference_loss
 
 ALGOS = ["gspo", "gspo_token", "grpo"]

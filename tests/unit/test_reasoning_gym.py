@@ -14,9 +14,9 @@ import pytest
 import reasoning_gym
 import yaml
 
+from gspo_cli.core.errors import GspoError
 from gspo_cli.data import reasoning_gym as rg_data
 from gspo_cli.data.sources import load_rows, source_note
-from gspo_cli.errors import GspoError
 from gspo_cli.recipe import Recipe
 from gspo_cli.rewards import REWARDS
 from gspo_cli.rewards.reasoning_gym import (

@@ -172,7 +172,7 @@ def test_builtin_shapes_match_the_models_the_registry_builds(name: str) -> None:
 
 def test_lengths_are_checked_again_once_the_model_is_loaded(tmp_path: Path) -> None:
     # A hub model's config is unknown at validate time; after loading, its positions are.
-    from gspo_cli.errors import GspoError
+    from gspo_cli.core.errors import GspoError
     from gspo_cli.models import create_builtin
     from gspo_cli.train.run.cold_start import load_recipe_model
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.recipe import Recipe
-from gspo_cli.run_folder import CHECKPOINTS, LATEST, RECIPE
+from gspo_cli.runs.folder import CHECKPOINTS, LATEST, RECIPE
 from gspo_cli.train.run.guard import resume_advice
 from gspo_cli.train.run.resume import check_resumable, resume_changes
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.recipe.reward import RewardConfig, RewardFunctionConfig
 from gspo_cli.rewards.binding import RewardServices, bind_reward, reward_signature
 from gspo_cli.rewards.code.reward import code_reward

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.recipe.loader import RecipeError, load_recipe
 from gspo_cli.recipe.reward import RewardConfig, RewardFunctionConfig
 from gspo_cli.rewards.binding import RewardServices, bind_reward, resolve_reward

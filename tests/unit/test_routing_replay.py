@@ -18,7 +18,7 @@ from transformers import (
 )
 
 from gspo_cli.models import create_builtin, is_moe
-from gspo_cli.models.forward.batch import TrainBatch, build_train_batch
+from gspo_cli.models.forward.batch import TrainBatch
 from gspo_cli.models.forward.logprobs import response_logprobs
 from gspo_cli.models.routing import ExpertRouting, RoutingError, join_rows, split_rows, volatility
 from gspo_cli.recipe import Recipe
@@ -28,6 +28,7 @@ from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import TorchEngine
 from gspo_cli.train.step.replay import ProbeRow, StepRouting
+from gspo_cli.train.step.train_batch import build_train_batch
 from gspo_cli.train.step.update import rl_step
 from tests.rl_helpers import PROMPTS, LengthParityReward, tiny_step
 

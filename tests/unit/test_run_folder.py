@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import gspo_cli
-from gspo_cli import run_folder
-from gspo_cli.run_folder import (
+from gspo_cli.runs import folder as run_folder
+from gspo_cli.runs.folder import (
     append_jsonl,
     iter_jsonl,
     read_jsonl,
@@ -95,13 +95,13 @@ def test_layout_names_are_spelled_only_in_run_folder() -> None:
     assert {"metrics.jsonl", "checkpoints", "trainer_state.pt", "results.json"} <= names
     found = []
     for source in sorted(PACKAGE.rglob("*.py")):
-        if source.name == "run_folder.py" and source.parent == PACKAGE:
+        if source == PACKAGE / "runs" / "folder.py":
             continue
         tree = ast.parse(source.read_text(encoding="utf-8"), filename=str(source))
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and node.value in names:
                 found.append(f"{source.relative_to(PACKAGE)}:{node.lineno}: {node.value!r}")
-    assert found == [], "use gspo_cli.run_folder's constants instead:\n" + "\n".join(found)
+    assert found == [], "use gspo_cli.runs.folder's constants instead:\n" + "\n".join(found)
 
 
 def test_an_append_after_a_torn_line_starts_a_new_line(tmp_path: Path) -> None:

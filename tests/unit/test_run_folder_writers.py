@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gspo_cli import run_folder
-from gspo_cli.errors import GspoError
-from gspo_cli.run_folder import one_writer, write_text_atomic
+from gspo_cli.core.errors import GspoError
+from gspo_cli.runs import folder as run_folder
+from gspo_cli.runs.folder import one_writer, write_text_atomic
 from tests.helpers import lock_holder
 
 # The container stage of CI runs these too: file modes, locks and the non-root user.

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from gspo_cli.rewards.code import JudgePool, judge_completions, judge_program, run_program
-from gspo_cli.rewards.code import isolation as iso
-from gspo_cli.rewards.code.sandbox import MARKER_PREFIX, Limits, run_prefix
+from gspo_cli.rewards.code import judge_completions, judge_program
+from gspo_cli.sandbox import SandboxPool, run_program
+from gspo_cli.sandbox import isolation as iso
+from gspo_cli.sandbox.program import MARKER_PREFIX, Limits, run_prefix
 
 # The container stage of CI runs these too: the sandbox's isolation depends on where it runs.
 pytestmark = pytest.mark.container
@@ -248,7 +249,7 @@ def test_pool_keeps_serving_after_hostile_programs() -> None:
         "def broken(:\n    pass",
     ]
     completions = [f"```python\n{c}\n```" for c in [*hostile, GOOD]] + ["no code here"]
-    pool = JudgePool(workers=2)
+    pool = SandboxPool(workers=2)
     try:
         results = judge_completions(
             completions, [GOOD_TESTS] * len(completions), pool=pool, time_limit_s=0.5

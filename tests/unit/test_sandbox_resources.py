@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from gspo_cli.rewards.code import cleanup, judge_program, run_program, sandbox
-from gspo_cli.rewards.code import isolation as iso
-from gspo_cli.rewards.code.cgroups import layout
-from gspo_cli.rewards.code.sandbox import MARKER_PREFIX, Limits, run_prefix
+from gspo_cli.rewards.code import judge_program
+from gspo_cli.sandbox import cleanup, run_program
+from gspo_cli.sandbox import isolation as iso
+from gspo_cli.sandbox import program as sandbox
+from gspo_cli.sandbox.cgroups import layout
+from gspo_cli.sandbox.program import MARKER_PREFIX, Limits, run_prefix
 
 # The container stage of CI runs these too: cgroups and rlimits differ inside a container.
 pytestmark = pytest.mark.container

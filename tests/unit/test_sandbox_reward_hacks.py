@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from gspo_cli.rewards.code import code_reward, judge_program
-from gspo_cli.rewards.code import isolation as iso
-from gspo_cli.rewards.code.sandbox import Limits
+from gspo_cli.sandbox import isolation as iso
+from gspo_cli.sandbox.program import Limits
 
 # The container stage of CI runs these too: the judge's defences under its isolation.
 pytestmark = pytest.mark.container

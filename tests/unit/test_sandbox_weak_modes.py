@@ -14,10 +14,11 @@ import pytest
 
 from gspo_cli.recipe.reward import RewardConfig
 from gspo_cli.rewards.binding import RewardServices
-from gspo_cli.rewards.code import code_reward, judge_completions, judge_program, run_program
-from gspo_cli.rewards.code import isolation as iso
-from gspo_cli.rewards.code.isolation import WeakIsolationError
-from gspo_cli.rewards.code.sandbox import Limits
+from gspo_cli.rewards.code import code_reward, judge_completions, judge_program
+from gspo_cli.sandbox import isolation as iso
+from gspo_cli.sandbox import run_program
+from gspo_cli.sandbox.isolation import WeakIsolationError
+from gspo_cli.sandbox.program import Limits
 from gspo_cli.train.step.rewards import RewardModel
 
 # The container stage of CI runs these too: which weak modes work depends on the container.

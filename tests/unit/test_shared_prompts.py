@@ -10,7 +10,7 @@ from transformers import PreTrainedModel
 
 from gspo_cli.models import create_builtin
 from gspo_cli.models.forward import shared_prompts
-from gspo_cli.models.forward.batch import TrainBatch, build_train_batch
+from gspo_cli.models.forward.batch import TrainBatch
 from gspo_cli.models.forward.capabilities import (
     SHARED_PROMPT_MODEL_TYPES,
     can_share_prompts,
@@ -20,6 +20,7 @@ from gspo_cli.models.forward.distinct import distinct_rows
 from gspo_cli.models.forward.logprobs import response_logprobs
 from gspo_cli.models.forward.shared_prompts import distinct_prompts
 from gspo_cli.rollout.base import RolloutBatch
+from gspo_cli.train.step.train_batch import build_train_batch
 from tests.small_models import small_causal_lm
 
 VOCAB = 300

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.models.tokenizer import build_char_tokenizer
+from gspo_cli.rollout.tool_settings import ToolSettings
 from gspo_cli.rollout.tools.base import ToolCall
 from gspo_cli.rollout.tools.build import make_tool_parts, tool_schemas_for
 from gspo_cli.rollout.tools.functions import (
@@ -26,7 +27,6 @@ from gspo_cli.rollout.tools.functions import (
     tool_schemas,
 )
 from gspo_cli.rollout.tools.interpreter import CodeBlockFormat, PythonInterpreter
-from gspo_cli.tool_settings import ToolSettings
 
 MODULE = "gspo_test_tool_module"
 SOURCE = '''

@@ -12,8 +12,9 @@ import torch
 
 from gspo_cli.algorithms import LossOptions, compute_policy_loss, loss_normalizer
 from gspo_cli.algorithms.turns import split_turns
-from gspo_cli.models.forward.batch import build_train_batch, check_sampled_ids, turn_ids
-from gspo_cli.rollout_batch import RolloutBatch
+from gspo_cli.models.forward.batch import turn_ids
+from gspo_cli.rollout.batch import RolloutBatch
+from gspo_cli.train.step.train_batch import build_train_batch, check_sampled_ids
 from tests.loss_reference import TAUS, reference_loss
 
 Tensor = torch.Tensor

@@ -8,11 +8,11 @@ import torch
 from gspo_cli.models.builtin import create_builtin
 from gspo_cli.models.tokenizer import build_char_tokenizer
 from gspo_cli.rollout.base import SamplingParams
+from gspo_cli.rollout.batch import RolloutBatch
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.rollout.tools.base import ToolResult, ToolSettings
 from gspo_cli.rollout.tools.interpreter import CodeBlockFormat, PythonInterpreter
 from gspo_cli.rollout.tools.trajectory import ToolUseEngine, call_cut, turn_seed
-from gspo_cli.rollout_batch import RolloutBatch
 
 TOKENIZER = build_char_tokenizer()
 FIRST = "Let me compute.\n```python\nx = 6*7\nprint(x)\n```\nwords the model wrote after<|im_end|>"

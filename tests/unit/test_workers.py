@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from gspo_cli.rewards.code.isolation import available_modes
-from gspo_cli.rewards.code.sandbox import MARKER_PREFIX
+from gspo_cli.sandbox.isolation import available_modes
+from gspo_cli.sandbox.program import MARKER_PREFIX
 from tests.helpers import REPO, interruptible
 
 # The container stage of CI runs these too: process death signals in its PID namespace.
@@ -154,7 +154,7 @@ def test_maths_verifier_workers_do_not_get_a_signal_sent_to_the_trainers_group()
 
 SANDBOXED_SLEEP = """
 import sys
-from gspo_cli.rewards.code.sandbox import Limits, run_program
+from gspo_cli.sandbox.program import Limits, run_program
 run_program(
     "import time\\ntime.sleep(600)",
     limits=Limits(time_limit_s=600),

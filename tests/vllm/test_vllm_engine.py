@@ -14,7 +14,7 @@ pytest.importorskip("vllm")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from gspo_cli.models import load_policy
-from gspo_cli.models.forward.batch import build_train_batch, pad_logprobs
+from gspo_cli.models.forward.batch import pad_logprobs
 from gspo_cli.models.forward.logprobs import response_logprobs
 from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import EngineSpec, SamplingParams, make_rollout_engine
@@ -22,6 +22,7 @@ from gspo_cli.rollout.base import RolloutBatch
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import TorchEngine
+from gspo_cli.train.step.train_batch import build_train_batch
 
 PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
 
@@ -101,7 +102,7 @@ def test_moe_sync_rebuilds_and_is_exact() -> None:
 
 
 def test_an_engine_that_cannot_start_is_one_clear_error() -> None:
-    from gspo_cli.errors import GspoError
+    from gspo_cli.core.errors import GspoError
 
     model, tokenizer = load_policy("builtin:tiny-dense", seed=0)
     with pytest.raises(GspoError, match="vllm cannot start on this model") as info:

@@ -15,12 +15,13 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from gspo_cli.data import render_prompt
 from gspo_cli.models import load_policy
-from gspo_cli.models.forward.batch import build_train_batch, check_sampled_ids, pad_logprobs
+from gspo_cli.models.forward.batch import pad_logprobs
 from gspo_cli.models.forward.logprobs import response_logprobs
 from gspo_cli.recipe import load_recipe
 from gspo_cli.rollout import EngineSpec, SamplingParams, make_rollout_engine
-from gspo_cli.run_folder import COLD_START
+from gspo_cli.runs.folder import COLD_START
 from gspo_cli.train.run.loop import run_sft_only
+from gspo_cli.train.step.train_batch import build_train_batch, check_sampled_ids
 from tests.helpers import write_recipe
 
 TOOL_TASK = {

@@ -1,12 +1,11 @@
-"""Turn a rollout into padded training tensors: [left-padded prompt | right-padded response]."""
+"""The padded training tensors a forward takes: [left-padded prompt | right-padded response].
+Built from a rollout by gspo_cli.train.step.train_batch (models/ knows nothing of rollouts)."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
 import torch
-
-from gspo_cli.rollout_batch import RolloutBatch
 
 
 class TrainBatch(NamedTuple):
@@ -45,26 +44,6 @@ class TrainBatch(NamedTuple):
         )
 
 
-def build_train_batch(rollout: RolloutBatch, pad_id: int) -> TrainBatch:
-    n = len(rollout.prompt_ids)
-    p_width = max(len(p) for p in rollout.prompt_ids)
-    t_width = max(len(c) for c in rollout.completion_ids)
-    input_ids = torch.full((n, p_width + t_width), pad_id, dtype=torch.long)
-    attention = torch.zeros((n, p_width + t_width), dtype=torch.long)
-    response_mask = torch.zeros((n, t_width), dtype=torch.float32)
-    for i, (prompt, completion) in enumerate(
-        zip(rollout.prompt_ids, rollout.completion_ids, strict=True)
-    ):
-        input_ids[i, p_width - len(prompt) : p_width] = torch.tensor(prompt)
-        input_ids[i, p_width : p_width + len(completion)] = torch.tensor(completion)
-        attention[i, p_width - len(prompt) : p_width + len(completion)] = 1
-        response_mask[i, : len(completion)] = 1
-        if rollout.from_tool is not None:  # a tool's tokens are context, never targets
-            response_mask[i, : len(completion)] -= torch.tensor(rollout.from_tool[i]).float()
-    position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)  # [N, P + T]
-    return TrainBatch(input_ids, attention, position_ids, response_mask, p_width)
-
-
 def pad_logprobs(rows: list[torch.Tensor], width: int) -> torch.Tensor:
     """`[N, width]` from N variable-length `[len_i]` tensors, zero-padded (float32, or float64
     where the rows are)."""
@@ -73,18 +52,6 @@ def pad_logprobs(rows: list[torch.Tensor], width: int) -> torch.Tensor:
     for i, row in enumerate(rows):
         out[i, : row.numel()] = row
     return out
-
-
-def check_sampled_ids(batch: TrainBatch, rollout: RolloutBatch) -> None:
-    """Token in, token out: every row of `batch` holds exactly the ids the engine returned, and
-    its targets are exactly the model's tokens. Runs on every step (an AssertionError is a bug)."""
-    p = batch.prompt_width
-    for i, completion in enumerate(rollout.completion_ids):
-        row = batch.input_ids[i, p : p + len(completion)].tolist()
-        assert row == completion, f"row {i}: the trainer's ids differ from the engine's"
-        model = [not t for t in rollout.from_tool[i]] if rollout.from_tool else [True] * len(row)
-        targets = batch.response_mask[i, : len(completion)].bool().tolist()
-        assert targets == model, f"row {i}: the loss mask does not match the tokens' sources"
 
 
 def turn_ids(response_mask: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Judge one program against its tests, and many programs in parallel on a pool of workers.
+"""Judge one program against its tests (many in parallel on gspo_cli.sandbox.pool).
 
 Each test is one sandboxed run (sandbox.run_program), so no state carries between tests.
 Verdicts: accepted, wrong_answer, runtime_error, timeout, memory_limit, output_limit,
@@ -10,24 +10,18 @@ the harness's checker process, which the program's process cannot reach.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import signal
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from gspo_cli.data.testcases import TestCase, parse_tests
 from gspo_cli.rewards.code.compare import compare_json, compare_stdout
 from gspo_cli.rewards.code.extract import extract_code
-from gspo_cli.rewards.code.isolation import WeakIsolationError, checked_mode
-from gspo_cli.rewards.code.sandbox import Limits, RunOutcome, run_program
+from gspo_cli.sandbox.isolation import WeakIsolationError, checked_mode
+from gspo_cli.sandbox.program import Limits, RunOutcome, run_program
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-R = TypeVar("R")
 
 VERDICTS = (
     "accepted", "wrong_answer", "runtime_error", "timeout", "memory_limit", "output_limit",
@@ -159,30 +153,3 @@ def judge_completion(completion: str, tests: Any, **options: Any) -> JudgeResult
     except Exception as exc:  # bad test data or a sandbox failure: score 0, keep training
         log.warning("code judge: %s: %s", type(exc).__name__, exc)
         return JudgeResult("internal_error", 0, 0, [TestVerdict(0, "internal_error", 0, str(exc))])
-
-
-class JudgePool:
-    """Worker threads, each supervising one sandboxed process at a time."""
-
-    def __init__(self, workers: int | None = None) -> None:
-        self.workers = workers or max(1, os.cpu_count() or 1)
-        self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="gspo-judge")
-
-    def map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
-        """fn over items in parallel, results in order."""
-        return list(self._executor.map(fn, items))
-
-    def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
-
-
-_default_pool: JudgePool | None = None
-
-
-def default_pool() -> JudgePool:
-    """The shared pool (created on first use, closed at exit)."""
-    global _default_pool
-    if _default_pool is None:
-        _default_pool = JudgePool()
-        atexit.register(_default_pool.close)
-    return _default_pool

@@ -5,16 +5,17 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from gspo_cli.rewards.code.isolation import checked_mode
-from gspo_cli.rewards.code.judge import JudgePool, JudgeResult, default_pool, judge_completion
+from gspo_cli.rewards.code.judge import JudgeResult, judge_completion
 from gspo_cli.rewards.registry import REWARDS
+from gspo_cli.sandbox.isolation import checked_mode
+from gspo_cli.sandbox.pool import SandboxPool, default_pool
 
 
 def judge_completions(
     completions: list[str],
     tests: list[Any],
     *,
-    pool: JudgePool | None = None,
+    pool: SandboxPool | None = None,
     **options: Any,
 ) -> list[JudgeResult]:
     """Judge each completion against its tests in parallel; options go to judge_program."""
@@ -42,7 +43,7 @@ def code_reward(
     time_limit_s: float = 6.0,
     memory_limit_mb: int = 1024,
     max_tests: int | None = None,
-    judge_pool: JudgePool | None = None,
+    judge_pool: SandboxPool | None = None,
 ) -> list[float]:
     """Per completion: 1.0 if its last code block passes all of `tests[i]` (LiveCodeBench's
     input_output dict, or its JSON string), else 0.0; with `partial_credit`, the fraction of

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gspo_cli.run_folder import append_jsonl, read_jsonl
+from gspo_cli.runs.folder import append_jsonl, read_jsonl
 
 _OPEN: dict[Path | None, JudgeCache] = {}
 _OPEN_LOCK = threading.Lock()

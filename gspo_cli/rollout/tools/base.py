@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gspo_cli.tool_settings import Side, ToolSettings
+from gspo_cli.rollout.tool_settings import Side, ToolSettings
 
 __all__ = ["Side", "ToolCall", "ToolFormat", "ToolResult", "ToolSettings", "Toolbox"]
 __all__ += ["cut_output", "defuse", "special_strings"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
+from gspo_cli.rollout.tool_settings import ToolSettings
 from gspo_cli.rollout.tools.base import ToolFormat
 from gspo_cli.rollout.tools.chat_template import ChatTemplateFormat, check_prefix_preserving
 from gspo_cli.rollout.tools.functions import (
@@ -20,7 +21,6 @@ from gspo_cli.rollout.tools.functions import (
     tool_schemas,
 )
 from gspo_cli.rollout.tools.interpreter import CodeBlockFormat, PythonInterpreter
-from gspo_cli.tool_settings import ToolSettings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

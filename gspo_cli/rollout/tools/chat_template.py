@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.rollout.tools.base import ToolCall, ToolResult, defuse, special_strings
 
 if TYPE_CHECKING:

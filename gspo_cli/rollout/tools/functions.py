@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 from transformers.utils.chat_template_utils import get_json_schema
 
-from gspo_cli.errors import GspoError
-from gspo_cli.rewards.import_probe import probe_import
+from gspo_cli.core.errors import GspoError
+from gspo_cli.core.import_probe import probe_import
+from gspo_cli.rollout.tool_settings import ToolSettings
 from gspo_cli.rollout.tools.base import ToolCall, ToolResult, cut_output
 from gspo_cli.rollout.tools.interpreter import PYTHON
-from gspo_cli.tool_settings import ToolSettings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -15,8 +15,6 @@ import re
 import time
 from typing import TYPE_CHECKING
 
-from gspo_cli.rewards.code.isolation import WeakIsolationError
-from gspo_cli.rewards.code.sandbox import Limits, run_program
 from gspo_cli.rollout.tools.base import (
     ToolCall,
     ToolResult,
@@ -25,6 +23,8 @@ from gspo_cli.rollout.tools.base import (
     defuse,
     special_strings,
 )
+from gspo_cli.sandbox.isolation import WeakIsolationError
+from gspo_cli.sandbox.program import Limits, run_program
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

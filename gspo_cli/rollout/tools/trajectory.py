@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from gspo_cli.rewards.code.judge import default_pool
 from gspo_cli.rollout.base import RolloutEngine, Rows, SamplingParams
+from gspo_cli.rollout.batch import RolloutBatch, ToolTrace
 from gspo_cli.rollout.seeded import row_seeds
 from gspo_cli.rollout.tools.base import Toolbox, ToolCall, ToolFormat, ToolResult, ToolSettings
-from gspo_cli.rollout_batch import RolloutBatch, ToolTrace
+from gspo_cli.sandbox.pool import default_pool
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

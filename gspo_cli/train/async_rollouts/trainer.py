@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.train.async_rollouts.worker import AsyncBatch, WorkerPlan, worker_main
 from gspo_cli.train.engines.distributed import DistContext

@@ -31,7 +31,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
+from gspo_cli.core.workers import pool_worker_init
 from gspo_cli.models.forward.capabilities import ModelCapabilities
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import RewardServices
@@ -42,7 +43,6 @@ from gspo_cli.train.step.dynamic_sampling import Collected, Sampling, collect_st
 from gspo_cli.train.step.rewards import RewardModel
 from gspo_cli.train.step.sampler import PromptSampler
 from gspo_cli.train.step.settings import StepSettings
-from gspo_cli.workers import pool_worker_init
 
 
 @dataclass

@@ -27,7 +27,7 @@ from gspo_cli.models.lora import Adapters, adapter_size, model_skeleton, target_
 from gspo_cli.recipe.bounds import check_lora_memory, model_config_file, warn_memory
 from gspo_cli.recipe.inputs import LoraConfig
 from gspo_cli.recipe.schema import Recipe
-from gspo_cli.run_folder import COLD_START, LORA_BASE, save_hf_folder
+from gspo_cli.runs.folder import COLD_START, LORA_BASE, save_hf_folder
 from gspo_cli.train.engines.distributed import DistContext
 
 

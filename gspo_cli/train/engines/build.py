@@ -1,12 +1,12 @@
-"""Building the training engine `trainer.engine` names (gspo_cli/engines.py lists them), from
+"""Building the training engine `trainer.engine` names (core/engine_catalogue.py lists them), from
 plain settings: an engine never sees the recipe."""
 
 from __future__ import annotations
 
 from transformers import PreTrainedModel
 
-from gspo_cli.engines import TRAIN_ENGINES, multi_process_engines
-from gspo_cli.errors import GspoError
+from gspo_cli.core.engine_catalogue import TRAIN_ENGINES, multi_process_engines
+from gspo_cli.core.errors import GspoError
 from gspo_cli.train.engines.distributed import DistContext
 from gspo_cli.train.engines.settings import EngineSettings
 from gspo_cli.train.engines.torch_engine import TrainEngine

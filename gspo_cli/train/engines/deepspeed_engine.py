@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.models.forward.batch import TrainBatch
 from gspo_cli.models.forward.capabilities import ModelCapabilities, capabilities_of
 from gspo_cli.models.forward.logprobs import EntropyMode, response_logprobs

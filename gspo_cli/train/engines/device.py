@@ -6,7 +6,7 @@ import resource
 
 import torch
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.train.engines.metric_rules import (
     combine,

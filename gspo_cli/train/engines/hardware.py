@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from gspo_cli.models.gguf import cache_root
-from gspo_cli.run_folder import write_text_atomic
+from gspo_cli.runs.folder import write_text_atomic
 from gspo_cli.train.engines.distributed import DistContext
 
 PEAK_FILE = "matmul_peak.json"

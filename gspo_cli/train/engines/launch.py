@@ -16,9 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gspo_cli.errors import Stopped
+from gspo_cli.core.errors import Stopped
+from gspo_cli.core.workers import die_with_parent, die_with_parent_argv
 from gspo_cli.recipe.schema import Recipe
-from gspo_cli.run_folder import check_run_folder
+from gspo_cli.runs.folder import check_run_folder
 from gspo_cli.train.engines.distributed import check_world_size, free_port
 from gspo_cli.train.engines.multinode import (
     OVER_SSH,
@@ -27,7 +28,6 @@ from gspo_cli.train.engines.multinode import (
     read_hostfile,
 )
 from gspo_cli.train.engines.torchrun import LAUNCHER_PID
-from gspo_cli.workers import die_with_parent, die_with_parent_argv
 
 # On a stop, torchrun gives each rank trainer.stop_grace_s to reach a step boundary plus this
 # long to save its checkpoint and end, before SIGKILL.

@@ -26,8 +26,8 @@ import sys
 import threading
 from pathlib import Path
 
-from gspo_cli.errors import GspoError
-from gspo_cli.workers import kill_group_when_gone
+from gspo_cli.core.errors import GspoError
+from gspo_cli.core.workers import kill_group_when_gone
 
 OVER_SSH = "GSPO_OVER_SSH"  # env of the ranks started this way: they end with their connection
 EXPORTED = ["GSPO_", "OMP_", "GLOO_"]  # besides DeepSpeed's own prefixes

@@ -1,7 +1,7 @@
 """Training engines behind one Protocol; this file ships the plain-torch, one-process engine.
 
 Every engine is built the same way, `Engine(model, settings, ctx)` from plain settings
-(engine_settings.py), and listed under the name `trainer.engine` takes in gspo_cli/engines.py;
+(engine_settings.py), and listed under the name `trainer.engine` takes in core/engine_catalogue.py;
 `train/engines.make_engine` is the only place that chooses one.
 """
 
@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.models.forward.batch import TrainBatch
 from gspo_cli.models.forward.capabilities import ModelCapabilities, capabilities_of
 from gspo_cli.models.forward.logprobs import EntropyMode, response_logprobs

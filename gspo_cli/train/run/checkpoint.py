@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from gspo_cli.errors import GspoError
-from gspo_cli.run_folder import (
+from gspo_cli.core.errors import GspoError
+from gspo_cli.runs.folder import (
     LATEST,
     STEP_GLOB,
     TRAINER_STATE,

@@ -9,12 +9,12 @@ from pathlib import Path
 from rich.console import Console
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.models import load_policy
 from gspo_cli.models.loading import quiet_deepspeed_on_cpu
 from gspo_cli.recipe.bounds import length_problems, shape_from_config
 from gspo_cli.recipe.schema import Recipe
-from gspo_cli.run_folder import COLD_START, HF_CONFIG, save_hf_folder
+from gspo_cli.runs.folder import COLD_START, HF_CONFIG, save_hf_folder
 from gspo_cli.train.run.console import PhaseProgress
 from gspo_cli.train.run.problem_sets import Problems
 from gspo_cli.train.run.sft import cold_start

@@ -9,7 +9,7 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from gspo_cli.run_folder import EVALS, read_jsonl
+from gspo_cli.runs.folder import EVALS, read_jsonl
 
 LIVE_KEYS = (
     ("reward_mean", "reward", "{:.3f}"),

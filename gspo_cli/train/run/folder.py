@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gspo_cli.run_folder import (
+from gspo_cli.runs.folder import (
     RECIPE,
     check_run_folder,
     write_error,
     write_text_atomic,
 )
-from gspo_cli.run_marker import RUN, check_out_folder, mark_folder
+from gspo_cli.runs.marker import RUN, check_out_folder, mark_folder
 from gspo_cli.train.run.resume import check_resumable
 
 

@@ -3,7 +3,7 @@
 - Non-finite guard: a minibatch whose loss or gradient norm is not finite is not applied (the
   step counts it in `bad_updates`); after `trainer.max_bad_updates` such updates in a row the
   run stops (exit 2), or rolls back when `trainer.on_collapse` is `rollback`.
-- Collapse guard: `gspo_cli.collapse.CollapseDetector` watches entropy, reward, the sequence
+- Collapse guard: `gspo_cli.runs.collapse.CollapseDetector` watches entropy, reward, the sequence
   ratio and held-out accuracy; `trainer.on_collapse` says whether to warn, stop, or roll back
   to the last good checkpoint (at a lower learning rate, with fresh sampling seeds), at most
   `trainer.max_rollbacks` times in the run.
@@ -23,8 +23,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gspo_cli.collapse import CRASH_POINTS, CollapseDetector, CollapseEvent
-from gspo_cli.run_folder import RECIPE
+from gspo_cli.runs.collapse import CRASH_POINTS, CollapseDetector, CollapseEvent
+from gspo_cli.runs.folder import RECIPE
 from gspo_cli.train.run.signals import resume_command
 
 FIRST_RATIO_TOLERANCE = 1e-5  # max |log ratio| float noise allowed between identical forwards

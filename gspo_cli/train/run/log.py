@@ -8,7 +8,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from gspo_cli.run_folder import (
+from gspo_cli.runs.folder import (
     EVALS,
     EVENTS,
     METRICS,

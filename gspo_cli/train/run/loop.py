@@ -20,14 +20,13 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from gspo_cli.collapse import CollapseDetector, HeldoutSize
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.models.loading import convert_first
 from gspo_cli.recipe.schema import Recipe
-from gspo_cli.rewards.code.isolation import allow_weak_isolation
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout.hf import HFGenerateEngine
-from gspo_cli.run_folder import (
+from gspo_cli.runs.collapse import CollapseDetector, HeldoutSize
+from gspo_cli.runs.folder import (
     CHECKPOINTS,
     COLD_START,
     SAMPLES,
@@ -35,6 +34,7 @@ from gspo_cli.run_folder import (
     step_folder,
     write_text_atomic,
 )
+from gspo_cli.sandbox.isolation import allow_weak_isolation
 from gspo_cli.train.async_rollouts.trainer import AsyncRollouts, saved_in_flight
 from gspo_cli.train.engines.device import peak_memory_mb, resolve_device
 from gspo_cli.train.engines.torch_engine import UpdateFailed

@@ -17,9 +17,9 @@ import torch
 from rich.console import Console
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from gspo_cli.core.engine_catalogue import ROLLOUT_ENGINES, TRAIN_ENGINES
+from gspo_cli.core.errors import GspoError, Stopped
 from gspo_cli.data.problems import Problem
-from gspo_cli.engines import ROLLOUT_ENGINES, TRAIN_ENGINES
-from gspo_cli.errors import GspoError, Stopped
 from gspo_cli.models import load_policy
 from gspo_cli.models.loading import convert_first
 from gspo_cli.models.lora import Adapters
@@ -28,7 +28,7 @@ from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.context import RewardContext
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
-from gspo_cli.run_folder import CHECKPOINTS, COLD_START, judge_cache_file, step_folder
+from gspo_cli.runs.folder import CHECKPOINTS, COLD_START, judge_cache_file, step_folder
 from gspo_cli.train.async_rollouts.trainer import AsyncRollouts
 from gspo_cli.train.engines.adapters import (
     base_name,

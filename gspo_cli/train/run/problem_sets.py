@@ -10,13 +10,13 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from gspo_cli.core.errors import GspoError
 from gspo_cli.data import load_rows, render_prompt
 from gspo_cli.data.benchmarks import build_prompt, load_benchmark
 from gspo_cli.data.formats import clean_rows
 from gspo_cli.data.problems import Problem
 from gspo_cli.data.prompts import PromptFormat, PromptSettings
 from gspo_cli.data.sources import carve_heldout, has_splits, source_note
-from gspo_cli.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import text_answer_readers
 from gspo_cli.rollout import SamplingParams

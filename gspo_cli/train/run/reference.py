@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.models.forward.batch import TrainBatch
 from gspo_cli.models.forward.logprobs import EntropyMode
 from gspo_cli.models.lora import Adapters

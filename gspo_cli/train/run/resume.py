@@ -16,10 +16,10 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.models.loading import check_base_digest
 from gspo_cli.recipe.schema import Recipe
-from gspo_cli.run_folder import CHECKPOINTS, COLD_START, HF_CONFIG, LATEST, RECIPE
+from gspo_cli.runs.folder import CHECKPOINTS, COLD_START, HF_CONFIG, LATEST, RECIPE
 from gspo_cli.train.engines.distributed import DistContext
 from gspo_cli.train.engines.torch_engine import FrozenPolicy, TrainEngine
 from gspo_cli.train.run.checkpoint import latest_checkpoint

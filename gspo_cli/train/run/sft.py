@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from gspo_cli.core.errors import GspoError
 from gspo_cli.data.formats import SOLUTION_KEY
-from gspo_cli.errors import GspoError
 from gspo_cli.recipe.trainer import ColdStartConfig
 from gspo_cli.rewards.extract import boxed
 from gspo_cli.train.engines.schedule import lr_lambda

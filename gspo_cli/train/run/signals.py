@@ -22,8 +22,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from gspo_cli.errors import Stopped
-from gspo_cli.run_folder import CHECKPOINTS, LATEST, METRICS, SAMPLES, read_jsonl
+from gspo_cli.core.errors import Stopped
+from gspo_cli.runs.folder import CHECKPOINTS, LATEST, METRICS, SAMPLES, read_jsonl
 
 if TYPE_CHECKING:  # no torch import here: the CLI reads this module before the heavy imports
     from gspo_cli.train.engines.distributed import DistContext

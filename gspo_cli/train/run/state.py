@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gspo_cli.errors import GspoError
-from gspo_cli.run_folder import LATEST
+from gspo_cli.core.errors import GspoError
+from gspo_cli.runs.folder import LATEST
 from gspo_cli.train.engines.distributed import DistContext
 from gspo_cli.train.engines.torch_engine import FrozenPolicy, TrainEngine
 from gspo_cli.train.run.checkpoint import checkpoint_at_or_before, load_trainer_state, set_rng_state

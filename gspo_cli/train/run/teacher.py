@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from rich.console import Console
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.models import load_policy
 from gspo_cli.models.loading import convert_first
 from gspo_cli.models.vocab import load_tokenizer, vocab_problem

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from gspo_cli.algorithms.advantages import zero_signal_groups
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.recipe.rollout import MAX_DYNAMIC_SAMPLING_ROUNDS
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rollout.base import RolloutEngine

@@ -9,7 +9,7 @@ from gspo_cli.algorithms import (
 )
 from gspo_cli.algorithms.advantages import zero_signal_groups
 from gspo_cli.recipe.algorithm import AlgorithmConfig
-from gspo_cli.rollout_batch import RolloutBatch
+from gspo_cli.rollout.batch import RolloutBatch
 from gspo_cli.train.engines.metric_rules import combine, tool_error_share
 from gspo_cli.train.step.micro import StepPlan
 from gspo_cli.train.step.scored import ScoredGroups

@@ -17,11 +17,10 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 from gspo_cli.recipe.reward import RewardConfig, RewardFunctionConfig
 from gspo_cli.rewards.answer_forms import BOXED, EXPECTED_FORM, answered, any_form_correct
 from gspo_cli.rewards.binding import ANSWER_COLUMN, BoundReward, RewardServices, bind_reward
-from gspo_cli.rewards.code.isolation import allow_weak_isolation, checked_mode
 from gspo_cli.rewards.context import RewardContext
 from gspo_cli.rewards.contract import (
     NoneAs,
@@ -32,6 +31,7 @@ from gspo_cli.rewards.contract import (
 )
 from gspo_cli.rewards.reasoning_gym import task_means
 from gspo_cli.rewards.worker import RewardWorker, WorkerFunction
+from gspo_cli.sandbox.isolation import allow_weak_isolation, checked_mode
 
 
 class RewardScores(NamedTuple):

@@ -19,12 +19,7 @@ from gspo_cli.algorithms import (
     resolve_loss_agg,
 )
 from gspo_cli.algorithms.kl import kl_reward_advantages
-from gspo_cli.models.forward.batch import (
-    TrainBatch,
-    build_train_batch,
-    check_sampled_ids,
-    turn_ids,
-)
+from gspo_cli.models.forward.batch import TrainBatch, turn_ids
 from gspo_cli.rollout.base import RolloutEngine
 from gspo_cli.train.engines.distributed import LOCAL, DistContext
 from gspo_cli.train.engines.torch_engine import LogprobModel, TrainEngine
@@ -44,6 +39,7 @@ from gspo_cli.train.step.replay import StepRouting
 from gspo_cli.train.step.rewards import RewardModel
 from gspo_cli.train.step.scored import ScoredGroups
 from gspo_cli.train.step.settings import StepOutput, StepSettings
+from gspo_cli.train.step.train_batch import build_train_batch, check_sampled_ids
 from gspo_cli.train.step.utilisation import flop_metrics
 
 

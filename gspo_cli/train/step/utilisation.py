@@ -15,7 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from gspo_cli.models.flops import flop_shape, rollout_flops, train_flops
-from gspo_cli.rollout_batch import RolloutBatch
+from gspo_cli.rollout.batch import RolloutBatch
 from gspo_cli.train.engines.distributed import DistContext
 from gspo_cli.train.engines.hardware import rank_peak
 from gspo_cli.train.engines.metric_rules import mfu_metrics

@@ -31,9 +31,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from gspo_cli.rewards.code import cleanup
-from gspo_cli.rewards.code.cgroups import RunGroup, run_group
-from gspo_cli.rewards.code.isolation import (
+from gspo_cli.core.workers import die_with_parent_argv
+from gspo_cli.sandbox import cleanup
+from gspo_cli.sandbox.cgroups import RunGroup, run_group
+from gspo_cli.sandbox.isolation import (
     box_path,
     checked_mode,
     checker_uid,
@@ -44,7 +45,6 @@ from gspo_cli.rewards.code.isolation import (
     runner_path,
     wrapper_command,
 )
-from gspo_cli.workers import die_with_parent_argv
 
 MARKER_PREFIX = "gspo-sandbox-run-"  # in every sandboxed process's argv, for cleanup and tests
 

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 
-from gspo_cli.workers import die_with_parent_argv
+from gspo_cli.core.workers import die_with_parent_argv
 
 IMPORT_TIMEOUT_S = 60.0  # the longest a reward module may take to import
 IMPORT_TIMEOUT_ENV = "GSPO_REWARD_IMPORT_TIMEOUT_S"  # overrides it (a slow shared file system)

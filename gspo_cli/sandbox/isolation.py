@@ -30,7 +30,7 @@ from contextlib import contextmanager, suppress
 from functools import cache
 from pathlib import Path
 
-from gspo_cli.errors import GspoError
+from gspo_cli.core.errors import GspoError
 
 log = logging.getLogger(__name__)
 _DETECT_LOCK = threading.Lock()

@@ -12,7 +12,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from gspo_cli.registry import Registry
+from gspo_cli.core.registry import Registry
 
 
 def _load(location: str) -> Any:

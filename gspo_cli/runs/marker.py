@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gspo_cli import __version__
-from gspo_cli.errors import GspoError
-from gspo_cli.run_folder import (
+from gspo_cli.core.errors import GspoError
+from gspo_cli.runs.folder import (
     CHECKPOINTS,
     COLD_START,
     HF_CONFIG,
