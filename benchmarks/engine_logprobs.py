@@ -51,9 +51,9 @@ from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import TorchEngine
-from gspo_cli.train.run.prepare import step_settings
-from gspo_cli.train.step.rewards import RewardModel, RewardScores
-from gspo_cli.train.step.update import rl_step
+from gspo_cli.train.run.step_settings import step_settings
+from gspo_cli.train.step.rewards import RewardScores, WeightedRewards
+from gspo_cli.train.step.update import StepModels, rl_step
 
 VARIANTS = {"recompute pi_old (false)": False, "engine log-probs (auto)": "auto"}
 BASE = "recompute pi_old (false)"
@@ -79,7 +79,7 @@ def quickstart() -> tuple[Recipe, Any, Any, list[list[int]], list[dict[str, Any]
     rows = load_rows(recipe.data.source, "train", recipe.data)
     prompts = [render_prompt(tokenizer, r["prompt"], recipe.data) for r in rows]
     pool = MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s)
-    reward = RewardModel(recipe.reward, RewardServices(math_pool=pool))
+    reward = WeightedRewards(recipe.reward, RewardServices(math_pool=pool))
     return recipe, model.float().train(), tokenizer, prompts, rows, reward
 
 
@@ -124,8 +124,8 @@ def run(workload: str, rounds: int, console: Console) -> None:
             engine, rollout, settings = sides[name]
             torch.manual_seed(1000 + step)  # the same sampling noise for both sides
             out = rl_step(
-                engine, rollout, reward, [prompts[i] for i in batch], [rows[i] for i in batch],
-                settings, step,
+                StepModels(engine), rollout, reward, [prompts[i] for i in batch],
+                [rows[i] for i in batch], settings, step,
             )  # fmt: skip
             if step == 0:
                 continue  # warm-up

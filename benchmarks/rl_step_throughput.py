@@ -26,9 +26,10 @@ from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import TorchEngine
-from gspo_cli.train.step.rewards import RewardModel
+from gspo_cli.train.run.step_settings import algorithm_settings, collection_settings
+from gspo_cli.train.step.rewards import WeightedRewards
 from gspo_cli.train.step.settings import StepSettings
-from gspo_cli.train.step.update import rl_step
+from gspo_cli.train.step.update import StepModels, rl_step
 
 
 def measure(model_path: str, algorithm: str, steps: int, device: str) -> dict[str, float]:
@@ -42,19 +43,20 @@ def measure(model_path: str, algorithm: str, steps: int, device: str) -> dict[st
     prompts = [render_prompt(tokenizer, r["prompt"], recipe.data) for r in rows]
     r = recipe.rollout
     settings = StepSettings(
-        algorithm=recipe.algorithm,
+        algorithm=algorithm_settings(recipe.algorithm),
         sampling=SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, r.group_size),
         pad_id=int(tokenizer.pad_token_id),
+        collection=collection_settings(r),
     )
     engine = TorchEngine(model, engine_settings(recipe), LOCAL)
     pool = MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s)
     rollout = HFGenerateEngine(model, tokenizer)
-    reward = RewardModel(recipe.reward, RewardServices(math_pool=pool))
+    reward = WeightedRewards(recipe.reward, RewardServices(math_pool=pool))
     samples = []
     for step in range(steps + 1):  # the first step warms up (allocations, verifier pool)
         index = list(range(step * r.num_prompts, (step + 1) * r.num_prompts))
         out = rl_step(
-            engine,
+            StepModels(engine),
             rollout,
             reward,
             [prompts[i] for i in index],

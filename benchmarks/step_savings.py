@@ -38,9 +38,10 @@ from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import TorchEngine
+from gspo_cli.train.run.step_settings import algorithm_settings, collection_settings
 from gspo_cli.train.step.rewards import RewardScores
 from gspo_cli.train.step.settings import StepSettings
-from gspo_cli.train.step.update import rl_step
+from gspo_cli.train.step.update import StepModels, rl_step
 
 PROMPTS, SAMPLES = 16, 8  # the quickstart's batch
 
@@ -97,11 +98,15 @@ def _train_seconds(
         {"algorithm": {"minibatches": 4}, "trainer": {"share_prompts": share_prompts}}
     )
     settings = StepSettings(
-        algorithm=recipe.algorithm, sampling=SamplingParams(num_samples=SAMPLES), pad_id=0, **step
+        algorithm=algorithm_settings(recipe.algorithm),
+        sampling=SamplingParams(num_samples=SAMPLES),
+        pad_id=0,
+        collection=collection_settings(recipe.rollout),
+        **step,
     )
     engine = TorchEngine(copy_, engine_settings(recipe), LOCAL)
     prompts = rollout.batch.prompt_ids[::SAMPLES]
-    out = rl_step(engine, rollout, reward, prompts, [{}] * PROMPTS, settings, 0)
+    out = rl_step(StepModels(engine), rollout, reward, prompts, [{}] * PROMPTS, settings, 0)
     return out.metrics["time_train_s"]
 
 

@@ -50,11 +50,11 @@ SetOpt = Annotated[
 
 
 def _summary(recipe: Recipe) -> str:
-    from gspo_cli.algorithms import NO_HARD_CLIP
+    from gspo_cli.algorithms import LOSS_SPECS
 
     algo, rollout = recipe.algorithm, recipe.rollout
     limits = f"clip {algo.clip_low:g}/{algo.clip_high:g}"
-    if algo.name in NO_HARD_CLIP:
+    if not LOSS_SPECS.get(algo.name).hard_clip:
         limits = f"gate tau {algo.sapo_tau_pos:g}/{algo.sapo_tau_neg:g}"
     return (
         f"{recipe.name}: {algo.name} ({limits}, "

@@ -9,13 +9,16 @@ Fixtures stay in the conftest files (pytest finds them there); those import from
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -173,22 +176,23 @@ def assert_same_moe_runs(a: dict[int, dict[str, Any]], b: dict[int, dict[str, An
 
 class TrainedRuns:
     """`gspo train` of one recipe under several command-line options, each set trained once
-    (a session-scoped fixture shares them between test modules): `runs(*options)` is the run's
-    metrics by step. Options come in pairs (`--set K=V`, `--nproc N`), in any order."""
+    per test run (`shared_once`: test modules and xdist workers share them): `runs(*options)`
+    is the run's metrics by step. Options come in pairs (`--set K=V`, `--nproc N`), any order."""
 
     def __init__(self, recipe: Path, root: Path) -> None:
         self.recipe, self.root = recipe, root
-        self.done: dict[tuple[tuple[str, str], ...], Path] = {}
+        root.mkdir(exist_ok=True)
 
     def folder(self, *options: str) -> Path:
-        key = tuple(sorted(zip(options[::2], options[1::2], strict=True)))
-        if key not in self.done:
-            out = self.root / f"run{len(self.done)}"
+        pairs = sorted(zip(options[::2], options[1::2], strict=True))
+        key = digest(self.recipe.read_text(), repr(pairs))
+
+        def train(out: Path) -> None:
             # one torch thread, as the ranks of --nproc have (launch.py): the same kernels
             result = run_cli("train", str(self.recipe), "--out", str(out), *options, threads=1)
             assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-            self.done[key] = out
-        return self.done[key]
+
+        return shared_once(self.root, f"run-{key}", train)
 
     def __call__(self, *options: str) -> dict[int, dict[str, Any]]:
         return run_metrics(self.folder(*options))
@@ -208,6 +212,60 @@ class TrainedRuns:
             for key in (*MOE_COMPARED, *MOE_ROUTING):
                 if key in straight[step]:
                     assert resumed[step][key] == straight[step][key], (step, key)  # bit for bit
+
+
+# --- made once per test run -----------------------------------------------------------------
+
+
+def digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def shared_root(factory: Any) -> Path:
+    """A folder every xdist worker of this test run shares (pytest's base temp is per worker):
+    what `shared_once` makes lives there."""
+    base = Path(factory.getbasetemp())
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    root.mkdir(exist_ok=True)
+    return root
+
+
+def shared_once(root: Path, name: str, make: Callable[[Path], None]) -> Path:
+    """`root/name`, made by `make(folder)` the first time any test (or worker) asks and reused
+    after: a lock file serialises the makers, a marker written last says it is complete."""
+    folder = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / f"{name}.done").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            make(folder)
+            (root / f"{name}.done").touch()
+    return folder
+
+
+def cold_start(root: Path, overrides: dict[str, Any]) -> Path:
+    """The checkpoint of the tiny task's cold start with `overrides` (a `cold_start` section
+    among them), trained once per test run whatever asks for it: keyed by the recipe's digest,
+    one torch thread (the same checkpoint whatever the machine's cores)."""
+    import torch
+
+    from gspo_cli.recipe import deep_merge, load_recipe
+    from gspo_cli.runs.folder import COLD_START
+    from gspo_cli.train.run.loop import run_sft_only
+
+    text = yaml.safe_dump(deep_merge(TINY_TASK, overrides), sort_keys=True)
+
+    def train(folder: Path) -> None:
+        folder.mkdir(parents=True)
+        recipe = write_recipe(folder, overrides)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            run_sft_only(load_recipe(recipe), recipe.read_text(), run_dir=folder / "run")
+        finally:
+            torch.set_num_threads(threads)
+
+    return shared_once(root, f"cold-start-{digest(text)}", train) / "run" / COLD_START
 
 
 def write_recipe(folder: Path, overrides: dict[str, Any]) -> Path:

@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerBase
 from gspo_cli.recipe import Recipe
 from gspo_cli.rollout import RolloutBatch, SamplingParams
 from gspo_cli.train.engines.torch_engine import TorchEngine
+from gspo_cli.train.run.step_settings import algorithm_settings, collection_settings
 from gspo_cli.train.step.rewards import RewardScores
 from gspo_cli.train.step.settings import StepSettings
 
@@ -31,14 +32,19 @@ def tiny_step(
     tokenizer: PreTrainedTokenizerBase | None = None,
     **differs: Any,
 ) -> StepSettings:
-    """The settings of a test's RL step: `recipe`'s algorithm (default `Recipe()`'s), `sampling`
-    (default `SamplingParams()`), the pad id of `tokenizer` (0 without one); any other
-    `StepSettings` field by keyword, where the test sets it."""
+    """The settings of a test's RL step: `recipe`'s algorithm and collection (default
+    `Recipe()`'s), `sampling` (default `SamplingParams()`), the pad id of `tokenizer` (0
+    without one); any other `StepSettings` field by keyword, where the test sets it."""
+    recipe = Recipe() if recipe is None else recipe
+    fields: dict[str, Any] = {
+        "algorithm": algorithm_settings(recipe.algorithm),
+        "collection": collection_settings(recipe.rollout),
+        **differs,
+    }
     return StepSettings(
-        algorithm=(Recipe() if recipe is None else recipe).algorithm,
         sampling=SamplingParams() if sampling is None else sampling,
         pad_id=0 if tokenizer is None else int(tokenizer.pad_token_id),
-        **differs,
+        **fields,
     )
 
 

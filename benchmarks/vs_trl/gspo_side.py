@@ -38,6 +38,7 @@ class GspoSide:
         from gspo_cli.train.engines.distributed import LOCAL
         from gspo_cli.train.engines.settings import engine_settings
         from gspo_cli.train.engines.torch_engine import TorchEngine
+        from gspo_cli.train.run.step_settings import algorithm_settings, collection_settings
         from gspo_cli.train.step.settings import StepSettings
 
         lengths = length_processor(tokenizer, workload)
@@ -54,9 +55,10 @@ class GspoSide:
             temperature=1.0, max_new_tokens=max_new_tokens(shape, workload), num_samples=SAMPLES
         )
         self.settings = StepSettings(
-            algorithm=recipe.algorithm,
+            algorithm=algorithm_settings(recipe.algorithm),
             sampling=params,
             pad_id=int(tokenizer.pad_token_id),
+            collection=collection_settings(recipe.rollout),
             skip_zero_advantage=skip,
             # equal work: no MoE volatility probe (one extra forward per update)
             measure_volatility=skip,
@@ -73,7 +75,7 @@ class GspoSide:
 
     def cycle(self) -> dict[str, Any]:
         from gspo_cli.train.step.rewards import RewardScores
-        from gspo_cli.train.step.update import rl_step
+        from gspo_cli.train.step.update import StepModels, rl_step
 
         def reward(texts: list[str], rows: list[Any], completion_ids: Any) -> RewardScores:
             scores = self.rewards(texts, [row["prompt"] for row in rows])
@@ -81,6 +83,7 @@ class GspoSide:
 
         rows = [{"prompt": i} for i in range(PROMPTS)]  # rl_step repeats them per sample
         step, self.cycles = self.cycles, self.cycles + 1
-        out = rl_step(self.engine, self.rollout, reward, self.prompts, rows, self.settings, step)
+        models = StepModels(self.engine)
+        out = rl_step(models, self.rollout, reward, self.prompts, rows, self.settings, step)
         prompts = [i for i in range(PROMPTS) for _ in range(SAMPLES)]  # the rollout's order
         return self.rewards.result(prompts, [len(c) for c in out.rollout.completion_ids])

@@ -1,7 +1,5 @@
 """The algorithm core: pure torch functions, no transformers, no recipe objects, no I/O."""
 
-# Registers LUSPO, SAPO, GMPO and CISPO in POLICY_LOSSES: imported for that side effect.
-from gspo_cli.algorithms import successors  # noqa: F401
 from gspo_cli.algorithms.advantages import ADVANTAGE_STD_EPS, group_advantages, zero_signal_groups
 from gspo_cli.algorithms.aggregation import (
     DEFAULT_LOSS_AGG,
@@ -17,10 +15,9 @@ from gspo_cli.algorithms.correction import (
 )
 from gspo_cli.algorithms.losses import (
     LOG_RATIO_CLAMP,
-    NO_HARD_CLIP,
-    PAPER_CLIP,
-    POLICY_LOSSES,
+    LOSS_SPECS,
     LossOptions,
+    LossSpec,
     resolve_loss_agg,
     sequence_log_ratio,
 )
@@ -31,12 +28,11 @@ __all__ = [
     "DEFAULT_LOSS_AGG",
     "LOG_RATIO_CLAMP",
     "LOSS_AGGREGATIONS",
-    "NO_HARD_CLIP",
-    "PAPER_CLIP",
-    "POLICY_LOSSES",
+    "LOSS_SPECS",
     "ROLLOUT_CORRECTIONS",
     "Correction",
     "LossOptions",
+    "LossSpec",
     "aggregate",
     "compute_policy_loss",
     "group_advantages",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from gspo_cli.algorithms.aggregation import aggregate
@@ -9,7 +11,7 @@ from gspo_cli.algorithms.kl import DEFAULT_KL_ESTIMATOR, token_kl
 from gspo_cli.algorithms.losses import (
     DEFAULT_LOSS_OPTIONS,
     LOG_RATIO_CLAMP,
-    POLICY_LOSSES,
+    LOSS_SPECS,
     LossOptions,
     resolve_loss_agg,
     sequence_log_ratio,
@@ -38,46 +40,87 @@ def compute_policy_loss(
     entropy_coef: float = 0.0,
     turns: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The policy-gradient loss of `algorithm` and its metrics.
+    """The policy-gradient loss of `algorithm` (a name in `LOSS_SPECS`) and its metrics.
 
     Args:
-        logprobs: `[B, T]` log pi(y_t) under the policy being trained (with grad).
-        old_logprobs: `[B, T]` log pi_old(y_t) of the policy that sampled the responses.
+        logprobs, old_logprobs: `[B, T]` log pi(y_t) under the policy being trained (with
+            grad) and log pi_old(y_t) of the policy that sampled the responses.
         advantages: `[B]` one per response, or `[B, T]` per token (GSPO-token, GRPO).
-        mask: `[B, T]` 1 on response tokens, 0 on prompt and padding.
-        algorithm: a registered loss (`POLICY_LOSSES`: gspo, grpo, luspo, sapo, gmpo, ...).
+        mask: `[B, T]` 1 on response tokens, 0 on prompt, padding and tool tokens.
         clip_low, clip_high: the range [1-eps_low, 1+eps_high] (GMPO: in log space; SAPO: unused).
         loss_agg: aggregation name; None is the algorithm's paper's (`resolve_loss_agg`).
         normalizer: denominator shared by all micro-batches of one optimiser step (sequences
             or tokens, see `loss_normalizer`); None normalises by this batch alone.
-        ref_logprobs: `[B, T]` reference-policy log-probs for the optional KL penalty.
-        kl_coef: weight of the KL penalty in the loss (`kl_estimator` per token); 0 disables it.
+        ref_logprobs, kl_coef, kl_estimator: `[B, T]` reference-policy log-probs, the weight of
+            the KL penalty (0 disables it) and its per-token estimator (algorithms/kl.py).
         group_size: G; when given, the metrics include the share of zero-advantage groups.
         token_weights: `[B, T]` importance weights (no grad) on each token's policy loss, e.g.
             a rollout correction; None weighs every token 1.
         options: knobs of particular losses (SAPO's temperatures).
-        kl_estimator: a registered KL estimator (algorithms/kl.py); k3 by default.
-        entropy: `[B, T]` the policy's entropy per token, with grad, for the entropy bonus.
-        entropy_coef: c_H of L = L_pg - c_H * H (H aggregated like the policy loss); 0 = off.
+        entropy, entropy_coef: `[B, T]` the policy's entropy per token, with grad, and c_H of
+            L = L_pg - c_H * H (H aggregated like the policy loss); 0 = off.
         turns: `[B, T]` each model token's turn in a tool trajectory (-1 elsewhere): each turn
-            is then its own sequence with its response's advantage (`sequence_unit: turn`);
-            None: the response is one sequence. Tool tokens are 0 in `mask` either way.
+            is its own sequence with its response's advantage (`sequence_unit: turn`); None:
+            the response is one sequence.
 
-    Returns:
-        A 0-dim loss to minimise, and metrics (floats, computed without grad).
+    Returns a 0-dim loss to minimise, and metrics (floats, computed without grad).
     """
-    # long on purpose: the one public entry point, mostly its arguments and their docs.
-    loss_fn = POLICY_LOSSES.get(algorithm)
+    spec = LOSS_SPECS.get(algorithm)
     agg = resolve_loss_agg(algorithm, loss_agg)
+    _check_inputs(logprobs, old_logprobs, mask, clip_low, clip_high)
+    zero_adv_groups = _zero_adv_group_frac(advantages, group_size)  # per response, not turn
+    rows = _loss_rows(
+        logprobs, old_logprobs, advantages, mask, turns, ref_logprobs, token_weights, entropy
+    )
+    lp, old, adv, mask = rows.logprobs, rows.old_logprobs, rows.token_adv, rows.mask
+    token_loss, ratio, clipped = spec.loss(lp, old, adv, mask, clip_low, clip_high, options=options)
+    token_loss, kl = _add_penalties(token_loss, rows, kl_coef, kl_estimator, entropy_coef)
+    loss = aggregate(token_loss, mask, agg, normalizer)
+    metrics = _metrics(lp, old, adv, mask, ratio, clip_low, clip_high, clipped)
+    metrics.update(_penalty_metrics(rows, kl, entropy_coef, zero_adv_groups))
+    return loss, metrics
+
+
+class _LossRows(NamedTuple):
+    """The loss's inputs, one row per sequence (a response, or a turn of one), detached where
+    no gradient flows; `token_adv` is `[B, T]` whatever the advantages' shape."""
+
+    logprobs: torch.Tensor
+    old_logprobs: torch.Tensor
+    token_adv: torch.Tensor
+    mask: torch.Tensor
+    ref_logprobs: torch.Tensor | None
+    token_weights: torch.Tensor | None
+    entropy: torch.Tensor | None
+
+
+def _check_inputs(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> None:
     if clip_low <= 0 or clip_high <= 0:
         raise ValueError(f"clip ranges must be positive, got {clip_low}, {clip_high}")
     if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape:
         raise ValueError("logprobs, old_logprobs and mask must share one [B, T] shape")
 
+
+def _loss_rows(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    turns: torch.Tensor | None,
+    ref_logprobs: torch.Tensor | None,
+    token_weights: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+) -> _LossRows:
+    """The loss's rows: with `turns`, one row per turn, every tensor of the loss alike."""
     mask = mask.to(logprobs.dtype)
     old_logprobs = old_logprobs.detach()
-    zero_adv_groups = _zero_adv_group_frac(advantages, group_size)  # per response, not turn
-    if turns is not None:  # one row per turn, every tensor of the loss alike
+    if turns is not None:
         rows, mask = split_turns(turns, mask)  # [R], [R, T]
         logprobs, old_logprobs, advantages = logprobs[rows], old_logprobs[rows], advantages[rows]
         ref_logprobs, token_weights, entropy = (
@@ -85,28 +128,44 @@ def compute_policy_loss(
         )
     token_adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     token_adv = token_adv.to(logprobs.dtype).expand_as(logprobs).detach()  # [B, T]
+    return _LossRows(logprobs, old_logprobs, token_adv, mask, ref_logprobs, token_weights, entropy)
 
-    token_loss, ratio, clipped = loss_fn(
-        logprobs, old_logprobs, token_adv, mask, clip_low, clip_high, options=options
-    )
-    if token_weights is not None:
-        token_loss = token_loss * token_weights.detach().to(token_loss.dtype)  # [B, T]
+
+def _add_penalties(
+    token_loss: torch.Tensor,
+    rows: _LossRows,
+    kl_coef: float,
+    kl_estimator: str,
+    entropy_coef: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`[B, T]` the policy loss weighted by `token_weights`, plus the KL penalty, minus the
+    entropy bonus; and the per-token KL when the penalty is on (None otherwise)."""
+    if rows.token_weights is not None:
+        token_loss = token_loss * rows.token_weights.detach().to(token_loss.dtype)  # [B, T]
     kl = None
-    if ref_logprobs is not None and kl_coef != 0.0:
-        kl = token_kl(logprobs, ref_logprobs.detach(), kl_estimator)  # [B, T]
+    if rows.ref_logprobs is not None and kl_coef != 0.0:
+        kl = token_kl(rows.logprobs, rows.ref_logprobs.detach(), kl_estimator)  # [B, T]
         token_loss = token_loss + kl_coef * kl
-    if entropy is not None and entropy_coef != 0.0:  # a bonus: higher entropy, lower loss
-        token_loss = token_loss - entropy_coef * entropy.to(token_loss.dtype)  # [B, T]
-    loss = aggregate(token_loss, mask, agg, normalizer)
+    if rows.entropy is not None and entropy_coef != 0.0:  # a bonus: higher entropy, lower loss
+        token_loss = token_loss - entropy_coef * rows.entropy.to(token_loss.dtype)  # [B, T]
+    return token_loss, kl
 
-    metrics = _metrics(logprobs, old_logprobs, token_adv, mask, ratio, clip_low, clip_high, clipped)
+
+def _penalty_metrics(
+    rows: _LossRows,
+    kl: torch.Tensor | None,
+    entropy_coef: float,
+    zero_adv_groups: float | None,
+) -> dict[str, float]:
+    """The KL, the entropy bonus and the zero-advantage group share, where each applies."""
+    metrics: dict[str, float] = {}
     if kl is not None:
-        metrics["kl"] = _masked_mean(kl.detach(), mask)
-    if entropy is not None and entropy_coef != 0.0:
-        metrics["entropy_bonus"] = entropy_coef * _masked_mean(entropy.detach(), mask)
+        metrics["kl"] = _masked_mean(kl.detach(), rows.mask)
+    if rows.entropy is not None and entropy_coef != 0.0:
+        metrics["entropy_bonus"] = entropy_coef * _masked_mean(rows.entropy.detach(), rows.mask)
     if zero_adv_groups is not None:
         metrics["zero_adv_group_frac"] = zero_adv_groups
-    return loss, metrics
+    return metrics
 
 
 def _zero_adv_group_frac(advantages: torch.Tensor, group_size: int | None) -> float | None:

@@ -26,6 +26,8 @@ class TrainEngineKind:
 
     build: str  # "module:attribute" of the engine's class
     several_processes: bool  # runs under torchrun/the DeepSpeed launcher (a process group)
+    # splits a MoE model's experts over processes (deepspeed.expert_parallel > 1)
+    expert_parallel: bool = False
 
     def load(self) -> Any:
         return _load(self.build)
@@ -54,7 +56,9 @@ TRAIN_ENGINES.add(
 TRAIN_ENGINES.add(
     "deepspeed",
     TrainEngineKind(
-        "gspo_cli.train.engines.deepspeed_engine:DeepSpeedEngine", several_processes=True
+        "gspo_cli.train.engines.deepspeed_engine:DeepSpeedEngine",
+        several_processes=True,
+        expert_parallel=True,
     ),
 )
 
@@ -84,3 +88,8 @@ ROLLOUT_ENGINES.add(
 def multi_process_engines() -> str:
     """The training engines that run on several processes, for messages."""
     return " or ".join(n for n in TRAIN_ENGINES if TRAIN_ENGINES.get(n).several_processes)
+
+
+def expert_parallel_engines() -> str:
+    """The training engines that split a model's experts over processes, for messages."""
+    return " or ".join(n for n in TRAIN_ENGINES if TRAIN_ENGINES.get(n).expert_parallel)

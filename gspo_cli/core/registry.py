@@ -34,6 +34,11 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} {name!r} is already registered")
         self._items[name] = obj
 
+    def remove(self, name: str) -> None:
+        """Forget `name` (a test's throwaway entry); an unknown name raises like `get`."""
+        self.get(name)
+        del self._items[name]
+
     def get(self, name: str) -> T:
         try:
             return self._items[name]

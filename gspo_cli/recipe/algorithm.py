@@ -151,9 +151,9 @@ class AlgorithmConfig(Section):
 
     @model_validator(mode="after")
     def _paper_clip_defaults(self) -> AlgorithmConfig:
-        from gspo_cli.algorithms import PAPER_CLIP, LossOptions, resolve_loss_agg
+        from gspo_cli.algorithms import LOSS_SPECS, LossOptions, resolve_loss_agg
 
-        low, high = PAPER_CLIP[self.name]
+        low, high = LOSS_SPECS.get(self.name).paper_clip
         if self.clip_low is None:
             self.clip_low = low
         if self.clip_high is None:

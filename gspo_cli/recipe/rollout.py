@@ -14,6 +14,8 @@ from gspo_cli.rollout.tool_settings import ToolSettings
 
 # A step's rounds are bounded: past this many, a filter that keeps nothing is the problem.
 MAX_DYNAMIC_SAMPLING_ROUNDS = 1000
+# `rollout.tools`' defaults are the plain settings' (rollout/tool_settings.py): written once
+TOOL_DEFAULTS = ToolSettings()
 
 
 class VLLMConfig(Section):
@@ -51,35 +53,47 @@ class ToolsConfig(Section):
     """`rollout.tools`: the model calls tools while it answers (docs/tools.md)."""
 
     format: Literal["code_block", "chat_template"] = Field(
-        "code_block",
+        TOOL_DEFAULTS.format,
         description="code_block: the model writes ```python blocks, any model; chat_template: "
         "<tool_call> JSON as the model's chat template renders tool turns (Hermes/Qwen).",
     )
     interpreter: Literal["python"] | None = Field(
-        "python", description="Run the model's Python in the code sandbox; null: no interpreter."
+        TOOL_DEFAULTS.interpreter,
+        description="Run the model's Python in the code sandbox; null: no interpreter.",
     )
     functions: list[str] = Field(
-        default_factory=list,
+        default_factory=lambda: list(TOOL_DEFAULTS.functions),
         description="User tools: 'module:function' paths; schema from signature and docstring.",
     )
     environment: str | None = Field(
-        None,
+        TOOL_DEFAULTS.environment,
         description="'module:Class': one instance per trajectory; reset(), public methods as "
         "tools, optional get_reward().",
     )
     max_calls: int = Field(
-        4, ge=0, le=64, description="Tool calls per trajectory; 0 = none are run (never unlimited)."
+        TOOL_DEFAULTS.max_calls,
+        ge=0,
+        le=64,
+        description="Tool calls per trajectory; 0 = none are run (never unlimited).",
     )
     output_max_tokens: int = Field(
-        64, ge=1, description="A tool result's content is cut to this many tokens."
+        TOOL_DEFAULTS.output_max_tokens,
+        ge=1,
+        description="A tool result's content is cut to this many tokens.",
     )
     output_truncation: Literal["head", "tail"] = Field(
-        "tail", description="Which part of a long result is kept."
+        TOOL_DEFAULTS.output_truncation, description="Which part of a long result is kept."
     )
-    timeout_s: float = Field(5.0, gt=0, le=600, description="One call's deadline.")
-    memory_mb: int = Field(512, ge=32, description="The interpreter's memory limit per call.")
+    timeout_s: float = Field(
+        TOOL_DEFAULTS.timeout_s, gt=0, le=600, description="One call's deadline."
+    )
+    memory_mb: int = Field(
+        TOOL_DEFAULTS.memory_mb, ge=32, description="The interpreter's memory limit per call."
+    )
     output_max_bytes: int = Field(
-        64 * 1024, ge=256, description="The interpreter's stdout cap per call, in bytes."
+        TOOL_DEFAULTS.output_max_bytes,
+        ge=256,
+        description="The interpreter's stdout cap per call, in bytes.",
     )
 
     @model_validator(mode="after")

@@ -58,11 +58,11 @@ def _registry(kind: str) -> Registry[Any]:
     }
     if kind in engines:
         return engines[kind]
-    from gspo_cli.algorithms import LOSS_AGGREGATIONS, POLICY_LOSSES, ROLLOUT_CORRECTIONS
+    from gspo_cli.algorithms import LOSS_AGGREGATIONS, LOSS_SPECS, ROLLOUT_CORRECTIONS
     from gspo_cli.algorithms.kl import KL_ESTIMATORS
 
     registries: dict[str, Registry[Any]] = {
-        "algorithm": POLICY_LOSSES,
+        "algorithm": LOSS_SPECS,
         "kl estimator": KL_ESTIMATORS,
         "loss aggregation": LOSS_AGGREGATIONS,
         "rollout correction": ROLLOUT_CORRECTIONS,

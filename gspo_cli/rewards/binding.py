@@ -203,7 +203,7 @@ class BoundReward:
         return self.signature.columns
 
     def __call__(self, completions: list[str], rows: Sequence[Mapping[str, Any]]) -> Any:
-        """A plain call in this process, unchecked (`RewardModel` checks and bounds calls)."""
+        """A plain call in this process, unchecked (`WeightedRewards` checks and bounds calls)."""
         args, kwargs = self.arguments(completions, rows)
         return self.fn(*args, **kwargs)
 

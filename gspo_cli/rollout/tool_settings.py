@@ -13,7 +13,8 @@ Side = Literal["head", "tail"]  # which part of a long tool output is kept
 
 @dataclass(frozen=True)
 class ToolSettings:
-    """`rollout.tools` as plain values (the recipe's section converts itself to this)."""
+    """`rollout.tools` as plain values (the recipe's section converts itself to this). The
+    defaults here are the one copy: the recipe's `rollout.tools` fields take theirs from them."""
 
     format: Literal["code_block", "chat_template"] = "code_block"
     interpreter: Literal["python"] | None = "python"

@@ -1,27 +1,20 @@
-"""A tiny cold-started checkpoint shared by the training tests (built once per session)."""
+"""The tiny cold-started checkpoints the training tests share, each trained once per test run
+(tests/helpers.py: `cold_start`, keyed by the recipe's digest, shared by xdist workers)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-import torch
 
-from gspo_cli.recipe import load_recipe
-from gspo_cli.runs.folder import COLD_START
-from gspo_cli.train.run.loop import run_sft_only
-from tests.helpers import TrainedRuns, write_recipe
+from tests.helpers import TrainedRuns, cold_start, shared_once, shared_root, write_recipe
+
+TINY_COLD_START = {"cold_start": {"enabled": True, "steps": 200, "lr": 3e-3, "batch_size": 16}}
 
 
 @pytest.fixture(scope="session")
 def sft_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("sft")
-    recipe_file = write_recipe(
-        folder, {"cold_start": {"enabled": True, "steps": 200, "lr": 3e-3, "batch_size": 16}}
-    )
-    recipe = load_recipe(recipe_file)
-    run_sft_only(recipe, recipe_file.read_text(), run_dir=folder / "run")
-    return folder / "run" / COLD_START
+    return cold_start(shared_root(tmp_path_factory), TINY_COLD_START)
 
 
 @pytest.fixture
@@ -43,37 +36,35 @@ def moe_recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny task on builtin:tiny-moe after a short cold start (boxed answers: rewards vary,
     every step has a gradient), 3 steps of 2 minibatches, one seed per prompt, a learning rate
     that moves experts, a checkpoint at step 2."""
-    folder = tmp_path_factory.mktemp("moe")
-    (folder / "sft").mkdir()
+    root = shared_root(tmp_path_factory)
     boxed = {"arithmetic": {"unboxed_rate": 0.0}}
-    sft = write_recipe(
-        folder / "sft",
+    checkpoint = cold_start(
+        root,
         {
             "model": {"path": "builtin:tiny-moe"},
             "cold_start": {"enabled": True, "steps": 300, "lr": 3e-3, "batch_size": 16},
             "data": boxed,
         },
     )
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the same checkpoint whatever the machine's cores
-    try:
-        run_sft_only(load_recipe(sft), sft.read_text(), run_dir=folder / "sft" / "run")
-    finally:
-        torch.set_num_threads(threads)
-    return write_recipe(
-        folder,
-        {
-            "model": {"path": str(folder / "sft" / "run" / COLD_START)},
-            "trainer": {"steps": 3, "checkpoint_every": 2, "out_dir": str(folder / "runs")},
-            "algorithm": {"minibatches": 2},
-            "rollout": {"seed_per_prompt": True},
-            "optimizer": {"lr": 1e-3},
-            "data": boxed,
-        },
-    )
+
+    def write(folder: Path) -> None:
+        folder.mkdir()
+        write_recipe(
+            folder,
+            {
+                "model": {"path": str(checkpoint)},
+                "trainer": {"steps": 3, "checkpoint_every": 2, "out_dir": str(folder / "runs")},
+                "algorithm": {"minibatches": 2},
+                "rollout": {"seed_per_prompt": True},
+                "optimizer": {"lr": 1e-3},
+                "data": boxed,
+            },
+        )
+
+    return shared_once(root, "moe-recipe", write) / "recipe.yaml"
 
 
 @pytest.fixture(scope="session")
 def moe_runs(moe_recipe: Path) -> TrainedRuns:
-    """Runs of `moe_recipe` by their options, each trained once for the whole session."""
+    """Runs of `moe_recipe` by their options, each trained once per test run."""
     return TrainedRuns(moe_recipe, moe_recipe.parent / "runs")

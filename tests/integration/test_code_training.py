@@ -11,7 +11,7 @@ import pytest
 from gspo_cli.data import load_rows
 from gspo_cli.recipe import load_recipe
 from gspo_cli.rewards.binding import RewardServices
-from gspo_cli.train.step.rewards import RewardModel
+from gspo_cli.train.step.rewards import WeightedRewards
 from tests.helpers import REPO, TSHIRTS, run_cli
 
 # The container stage of CI runs these too: a short training run with the sandboxed code reward.
@@ -26,7 +26,7 @@ def test_the_recipes_reward_scores_code_problems_from_the_training_data(shared: 
     row = rows["codeforces/1000_A"]
     good = f"Here it is.\n```python\n{TSHIRTS}```"
     bad = "```python\nprint(0)\n```"
-    reward = RewardModel(recipe.reward, RewardServices())
+    reward = WeightedRewards(recipe.reward, RewardServices())
     rewards, correct, _ = reward([good, bad, "no code"], [row, row, row])[:3]
     assert rewards == [1.0, 0.0, 0.0] and correct == [1.0, 0.0, 0.0]
 

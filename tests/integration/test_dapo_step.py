@@ -14,7 +14,7 @@ from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import TorchEngine
 from gspo_cli.train.step.scored import ScoredGroups
 from gspo_cli.train.step.settings import StepOutput
-from gspo_cli.train.step.update import train_groups
+from gspo_cli.train.step.update import StepModels, train_groups
 from tests.rl_helpers import tiny_step
 
 G = 4
@@ -51,7 +51,7 @@ def _train(mask_truncated: bool, in_loss: list[bool]) -> StepOutput:
     params = SamplingParams(max_new_tokens=8, num_samples=G)
     settings = tiny_step(recipe, sampling=params, tokenizer=tokenizer)
     engine = TorchEngine(model, engine_settings(recipe), LOCAL)
-    return train_groups(engine, _scored(in_loss), settings, step_seed=0)
+    return train_groups(StepModels(engine), _scored(in_loss), settings, step_seed=0)
 
 
 def _expected(rows: list[int]) -> tuple[float, float]:

@@ -21,7 +21,7 @@ from gspo_cli.train.engines.torch_engine import TorchEngine
 from gspo_cli.train.run.guard import Guard
 from gspo_cli.train.step.old_policy import gap_limit, resolve_engine_logprobs
 from gspo_cli.train.step.rewards import RewardScores
-from gspo_cli.train.step.update import rl_step
+from gspo_cli.train.step.update import StepModels, rl_step
 from tests.rl_helpers import tiny_step
 
 PROMPTS = [[2, 10, 11, 12, 3, 6, 2], [2, 20, 21, 3, 6, 2], [2, 30, 31, 32, 33, 3, 6, 2]]
@@ -91,7 +91,7 @@ def _step(mode: bool | str, rollout: RolloutBatch, dtype: torch.dtype, temperatu
     params = SamplingParams(temperature, max_new_tokens=12, num_samples=GROUP, logprobs=True)
     settings = tiny_step(recipe, sampling=params, tokenizer=tokenizer, use_engine_logprobs=mode)
     engine = RecordingEngine(model, engine_settings(recipe), LOCAL)
-    out = rl_step(engine, Replay(rollout), ParityReward(), PROMPTS, ROWS, settings, 0)
+    out = rl_step(StepModels(engine), Replay(rollout), ParityReward(), PROMPTS, ROWS, settings, 0)
     return engine, out.metrics
 
 

@@ -23,7 +23,7 @@ from gspo_cli.train.engines.torch_engine import FrozenPolicy, TorchEngine
 from gspo_cli.train.run.reference import reference_state, refresh, restore_reference
 from gspo_cli.train.step.rewards import RewardScores
 from gspo_cli.train.step.train_batch import build_train_batch
-from gspo_cli.train.step.update import rl_step
+from gspo_cli.train.step.update import StepModels, rl_step
 from tests.rl_helpers import FixedRollout, GradCapturingEngine, tiny_step
 
 GROUP = 4
@@ -76,8 +76,9 @@ def _run(
     ref = FrozenPolicy(reference.double().eval().requires_grad_(False))
     rows = [{"prompt": "p", "answer": "0"}] * len(PROMPTS)
     out = rl_step(
-        engine, FixedRollout(_rollout()), FixedReward(rewards), PROMPTS, rows, settings, 0, ref
-    )
+        StepModels(engine, ref), FixedRollout(_rollout()), FixedReward(rewards), PROMPTS, rows,
+        settings, 0,
+    )  # fmt: skip
     return out, engine, ref, settings
 
 

@@ -29,7 +29,7 @@ from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import FrozenPolicy, TorchEngine
 from gspo_cli.train.run.reference import BaseReference
 from gspo_cli.train.step.train_batch import build_train_batch
-from gspo_cli.train.step.update import rl_step
+from gspo_cli.train.step.update import StepModels, rl_step
 from tests.helpers import invoke_cli, write_recipe
 from tests.rl_helpers import GROUP, PROMPTS, LengthParityReward, tiny_step
 
@@ -59,7 +59,9 @@ def _step(engine: TorchEngine, tokenizer: Any, recipe: Recipe, seed: int, ref: A
     settings = tiny_step(recipe, sampling=params, tokenizer=tokenizer)
     rows = [{"prompt": "p", "answer": "0"}] * len(PROMPTS)
     rollout = HFGenerateEngine(engine.model, tokenizer)
-    return rl_step(engine, rollout, LengthParityReward(), PROMPTS, rows, settings, seed, ref)
+    return rl_step(
+        StepModels(engine, ref), rollout, LengthParityReward(), PROMPTS, rows, settings, seed
+    )
 
 
 def _batch(engine: TorchEngine, tokenizer: Any) -> TrainBatch:

@@ -13,7 +13,7 @@ from gspo_cli.rollout import SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings
-from gspo_cli.train.step.update import rl_step
+from gspo_cli.train.step.update import StepModels, rl_step
 from tests.rl_helpers import (
     GROUP,
     PROMPTS,
@@ -37,7 +37,7 @@ def _setup(model_name: str, algorithm: str, micro: int = 0, seed: int = 0):  # t
 def _step(engine, rollout, settings, seed: int = 0):  # type: ignore[no-untyped-def]
     rows = [{"prompt": "p", "answer": "0"}] * len(PROMPTS)
     return rl_step(
-        engine,
+        StepModels(engine),
         rollout,
         LengthParityReward(),
         PROMPTS,

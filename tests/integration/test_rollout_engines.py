@@ -19,7 +19,7 @@ from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import TorchEngine
 from gspo_cli.train.step.train_batch import build_train_batch
-from gspo_cli.train.step.update import rl_step
+from gspo_cli.train.step.update import StepModels, rl_step
 from tests.rl_helpers import PROMPTS, LengthParityReward, tiny_step
 
 
@@ -100,7 +100,9 @@ def _step(use_engine_logprobs: bool, correction: str):  # type: ignore[no-untype
     rows = [{"prompt": "p", "answer": "0"}] * len(PROMPTS)
     engine = TorchEngine(model, engine_settings(recipe), LOCAL)
     rollout = HFGenerateEngine(model, tokenizer)
-    return rl_step(engine, rollout, LengthParityReward(), PROMPTS, rows, settings, 0).metrics
+    return rl_step(
+        StepModels(engine), rollout, LengthParityReward(), PROMPTS, rows, settings, 0
+    ).metrics
 
 
 @pytest.mark.parametrize("use_engine_logprobs", [False, True])

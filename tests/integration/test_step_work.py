@@ -18,7 +18,7 @@ from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.step.micro import bucket
 from gspo_cli.train.step.rewards import RewardScores
-from gspo_cli.train.step.update import rl_step
+from gspo_cli.train.step.update import StepModels, rl_step
 from tests.rl_helpers import GROUP, PROMPTS, FixedRollout, GradCapturingEngine, tiny_step
 
 # Prompts 0 and 2 are "solved" by every sample (a group with no signal); 1 and 3 vary.
@@ -100,7 +100,7 @@ def _run(  # type: ignore[no-untyped-def]
     params = SamplingParams(temperature=1.0, max_new_tokens=16, num_samples=GROUP)
     settings = tiny_step(recipe, sampling=params, tokenizer=tokenizer, **step)
     engine = CountingEngine(model, engine_settings(recipe), LOCAL)
-    out = rl_step(engine, ROLLOUT, HalfSolvedReward(), PROMPTS, ROWS, settings, 0)
+    out = rl_step(StepModels(engine), ROLLOUT, HalfSolvedReward(), PROMPTS, ROWS, settings, 0)
     return engine, out.metrics, model
 
 
@@ -202,7 +202,7 @@ def test_a_step_without_signal_still_steps_the_optimiser_the_same_way() -> None:
         params = SamplingParams(max_new_tokens=16, num_samples=GROUP)
         settings = tiny_step(recipe, sampling=params, tokenizer=tokenizer, skip_zero_advantage=skip)
         engine = CountingEngine(model, engine_settings(recipe), LOCAL)
-        out = rl_step(engine, ROLLOUT, Solved(), PROMPTS, ROWS, settings, 0)
+        out = rl_step(StepModels(engine), ROLLOUT, Solved(), PROMPTS, ROWS, settings, 0)
         finals.append((model.state_dict(), out.metrics, engine.rows))
     (full, _, full_rows), (lean, lean_metrics, lean_rows) = finals
     assert all(torch.equal(full[k], lean[k]) for k in full)  # weight decay alike, no gradient

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from gspo_cli.recipe import deep_merge, load_recipe
-from gspo_cli.runs.folder import COLD_START
-from gspo_cli.train.run.loop import run_sft_only
+from gspo_cli.recipe import deep_merge
 from tests.helpers import (
+    cold_start,
     invoke_cli,
     one_error_line,
     run_cli,
+    shared_root,
     train_until_checkpoint,
     write_recipe,
 )
@@ -31,11 +31,8 @@ TOOL_TASK = {
 @pytest.fixture(scope="module")
 def tool_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny model that has seen only solutions computed with the interpreter."""
-    folder = tmp_path_factory.mktemp("tool-sft")
     cold = {"cold_start": {"enabled": True, "steps": 200, "lr": 3e-3, "batch_size": 16}}
-    recipe_file = write_recipe(folder, deep_merge(TOOL_TASK, cold))
-    run_sft_only(load_recipe(recipe_file), recipe_file.read_text(), run_dir=folder / "run")
-    return folder / "run" / COLD_START
+    return cold_start(shared_root(tmp_path_factory), deep_merge(TOOL_TASK, cold))
 
 
 def tool_recipe(folder: Path, checkpoint: Path, **overrides: object) -> Path:

@@ -24,7 +24,7 @@ from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import FrozenPolicy
 from gspo_cli.train.step.distill import Teacher
 from gspo_cli.train.step.scored import ScoredGroups
-from gspo_cli.train.step.update import train_groups
+from gspo_cli.train.step.update import StepModels, train_groups
 from tests.helpers import invoke_cli
 from tests.loss_reference import TAUS, reference_loss
 from tests.rl_helpers import GradCapturingEngine, tiny_step
@@ -163,7 +163,7 @@ def _step(algo: str, distill: dict[str, object] | None, teacher_seed: int | None
         # scored as the run scores it: the same forward paths as the trainer's
         teacher = Teacher(FrozenPolicy(frozen, recipe.trainer.share_prompts), memory_mb=1.0)
     engine = GradCapturingEngine(model, engine_settings(recipe), LOCAL)
-    out = train_groups(engine, _scored(), settings, step_seed=0, teacher=teacher)
+    out = train_groups(StepModels(engine, teacher=teacher), _scored(), settings, step_seed=0)
     return out, engine.grads
 
 

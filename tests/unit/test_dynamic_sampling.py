@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from gspo_cli.core.errors import GspoError
+from gspo_cli.recipe.rollout import MAX_DYNAMIC_SAMPLING_ROUNDS
 from gspo_cli.rollout import RolloutBatch, SamplingParams
 from gspo_cli.train.engines.distributed import LOCAL, DistContext
-from gspo_cli.train.step.dynamic_sampling import (
+from gspo_cli.train.step.collection import (
     Collected,
-    Sampling,
+    PromptSource,
     collect_step,
     mixed_groups,
     round_seed,
@@ -24,7 +25,7 @@ from gspo_cli.train.step.dynamic_sampling import (
 )
 from gspo_cli.train.step.rewards import RewardScores
 from gspo_cli.train.step.sampler import PromptSampler
-from gspo_cli.train.step.settings import StepSettings
+from gspo_cli.train.step.settings import CollectionSettings, StepSettings
 from tests.rl_helpers import tiny_step
 
 G, Q, ROWS = 2, 4, 10
@@ -76,9 +77,14 @@ class SomeUniformReward:
         return RewardScores(scores, scores, {"reward/fake/mean": sum(scores) / len(scores)})
 
 
-def _settings() -> StepSettings:
+def _settings(dynamic: bool = False, max_rounds: int = 1) -> StepSettings:
+    """A step of Q prompts, each seeded on its own, with dynamic sampling or not."""
     params = SamplingParams(max_new_tokens=8, num_samples=G)
-    return tiny_step(sampling=params)
+    how = CollectionSettings(
+        num_prompts=Q, per_prompt_seeds=True, dynamic=dynamic, max_rounds=max_rounds,
+        round_limit=MAX_DYNAMIC_SAMPLING_ROUNDS,
+    )  # fmt: skip
+    return tiny_step(sampling=params, collection=how)
 
 
 def _collect(
@@ -89,10 +95,11 @@ def _collect(
 ) -> tuple[Collected, PromptSampler]:
     sampler = PromptSampler(ROWS, seed=0)
     problems = ([[k] for k in range(ROWS)], [{"id": k} for k in range(ROWS)])
-    how = Sampling(Q, per_prompt_seeds=True, dynamic=True, max_rounds=max_rounds)
+    settings = _settings(dynamic=True, max_rounds=max_rounds)
     collected = collect_step(
-        RowEngine(), SomeUniformReward(uniform), sampler, problems, _settings(), how, 11, ctx, note
-    )  # type: ignore[arg-type]
+        RowEngine(), SomeUniformReward(uniform), PromptSource(*problems, sampler), settings, 11,
+        ctx, note,
+    )  # type: ignore[arg-type]  # fmt: skip
     return collected, sampler
 
 
@@ -218,8 +225,8 @@ def test_without_dynamic_sampling_one_round_keeps_every_group() -> None:
     sampler = PromptSampler(ROWS, seed=0)
     problems = ([[k] for k in range(ROWS)], [{"id": k} for k in range(ROWS)])
     collected = collect_step(
-        RowEngine(), SomeUniformReward({1}), sampler, problems, _settings(),
-        Sampling(Q, per_prompt_seeds=True), 11, LOCAL,
+        RowEngine(), SomeUniformReward({1}), PromptSource(*problems, sampler),
+        _settings(), 11, LOCAL,
     )  # type: ignore[arg-type]  # fmt: skip
     assert _rows_of(collected) == ORDER[:Q] and collected.metrics == {}
     assert sampler.state_dict()["position"] == Q

@@ -25,9 +25,9 @@ from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import SamplingParams
 from gspo_cli.train.run.console import heldout_change
 from gspo_cli.train.run.heldout import heldout_accuracy
-from gspo_cli.train.step.collect import collect_groups
+from gspo_cli.train.step.collection import collect_groups
 from gspo_cli.train.step.metrics import form_metrics
-from gspo_cli.train.step.rewards import RewardModel
+from gspo_cli.train.step.rewards import WeightedRewards
 from gspo_cli.train.step.scored import concat_groups, select_groups
 from tests.compare_runs import console_text, metrics_row, recording_console, write_run
 from tests.fixed_engine import FixedRolloutEngine
@@ -112,7 +112,7 @@ def test_a_training_step_measures_the_forms_and_keeps_them_through_selection(
     answers = {tuple(p): t for p, t in zip(prompts, texts, strict=True)}
     engine = FixedRolloutEngine(tokenizer, answers)
     rows = [{"prompt": "Compute 1+2.", "answer": "3"}, {"prompt": "Compute 2*2.", "answer": "4"}]
-    reward = RewardModel(RewardConfig(functions=[{"name": "math"}]), RewardServices(pool))
+    reward = WeightedRewards(RewardConfig(functions=[{"name": "math"}]), RewardServices(pool))
     step = tiny_step(sampling=SamplingParams(num_samples=2, max_new_tokens=64))
     scored = collect_groups(engine, reward, prompts, rows, step)
     assert scored.correct == [1.0, 0.0, 0.0, 0.0]
@@ -125,7 +125,7 @@ def test_a_training_step_measures_the_forms_and_keeps_them_through_selection(
     joined = concat_groups([second, select_groups(scored, [0])], {}, (0.0, 0.0))
     assert joined.correct_any_form == [0.0, 1.0, 1.0, 1.0]
     # a first function without an answer form: nothing measured, nothing reported
-    other = RewardModel(RewardConfig(functions=[{"name": "environment"}]), RewardServices(pool))
+    other = WeightedRewards(RewardConfig(functions=[{"name": "environment"}]), RewardServices(pool))
     unmeasured = other(["\\boxed{3}"], [{"answer": "3", "environment_reward": 1.0}])
     assert unmeasured.answered is None and unmeasured.correct_any_form is None
     scored.answered = scored.correct_any_form = None

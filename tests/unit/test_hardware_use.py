@@ -22,7 +22,7 @@ from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.metric_rules import combine, mfu_metrics
 from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import TorchEngine
-from gspo_cli.train.step.update import rl_step
+from gspo_cli.train.step.update import StepModels, rl_step
 from tests.compare_runs import console_text, metrics_row, recording_console, write_run
 from tests.rl_helpers import GROUP, PROMPTS, FixedRollout, LengthParityReward, tiny_step
 
@@ -162,7 +162,7 @@ def test_a_step_logs_flops_peak_and_mfu(tmp_path: Path, monkeypatch: pytest.Monk
     engine = TorchEngine(model, engine_settings(recipe), LOCAL)
     rows: list[dict[str, Any]] = [{"prompt": "p", "answer": "a"}] * len(PROMPTS)
     metrics = rl_step(
-        engine, FixedRollout(rollout), LengthParityReward(), PROMPTS, rows, settings, 0
+        StepModels(engine), FixedRollout(rollout), LengthParityReward(), PROMPTS, rows, settings, 0
     ).metrics
     shape = flop_shape(model.config)
     per_row = rollout_flops(shape, rollout.prompt_ids, rollout.completion_ids)

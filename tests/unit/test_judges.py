@@ -24,7 +24,7 @@ from gspo_cli.rewards.context import RewardContext
 from gspo_cli.rewards.judges import cache as judge_cache
 from gspo_cli.rewards.judges.cache import JudgeCache
 from gspo_cli.rewards.judges.entry import judge_reward
-from gspo_cli.train.step.rewards import RewardModel
+from gspo_cli.train.step.rewards import WeightedRewards
 
 PROMPTS = ["Q1", "Q1", "Q2", "Q2"]
 COMPLETIONS = ["good answer", "bad", "good one", "meh"]
@@ -162,7 +162,7 @@ def refused_url() -> str:
 def test_a_refused_connection_ends_the_run_as_one_line_with_on_error_fail() -> None:
     url = refused_url()
     entry = RewardFunctionConfig(name="judge", options={"model": url}, none_as="skip")
-    reward = RewardModel(RewardConfig(functions=[entry]), RewardServices())
+    reward = WeightedRewards(RewardConfig(functions=[entry]), RewardServices())
     rows = [{"prompt": p} for p in PROMPTS]
     with pytest.raises(GspoError, match=rf"judge {re.escape(url)}: cannot reach it") as info:
         reward(COMPLETIONS, rows)
@@ -179,7 +179,7 @@ def test_skipped_scores_are_left_out_and_counts_are_step_metrics(server: str) ->
             weight=2.0,
         ),
     ]
-    reward = RewardModel(RewardConfig(functions=entries), RewardServices())
+    reward = WeightedRewards(RewardConfig(functions=entries), RewardServices())
     out = reward(COMPLETIONS, [{"prompt": p} for p in PROMPTS])
     assert out.totals == pytest.approx([0.9, 0.2, 0.9, 0.2])  # the garbage judge adds nothing
     assert out.metrics["judge/parse_failures"] == 4 and out.metrics["judge/calls"] == 8

@@ -13,7 +13,7 @@ import torch
 from gspo_cli.algorithms import (
     LOG_RATIO_CLAMP,
     LOSS_AGGREGATIONS,
-    POLICY_LOSSES,
+    LOSS_SPECS,
     compute_policy_loss,
     loss_normalizer,
 )
@@ -202,8 +202,9 @@ def test_unknown_names_list_the_known_ones() -> None:
         compute_policy_loss(
             lp, old, adv, mask, algorithm="gspo", clip_low=0.2, clip_high=0.2, loss_agg="x"
         )
-    # the successors (successors.py) have their own loop references: test_successor_losses.py
-    assert POLICY_LOSSES.names() == sorted([*ALGOS, "luspo", "sapo", "gmpo", "cispo"])
+    # the successors (losses/luspo.py, sapo.py, gmpo.py, cispo.py) have their own loop
+    # references: test_successor_losses.py
+    assert LOSS_SPECS.names() == sorted([*ALGOS, "luspo", "sapo", "gmpo", "cispo"])
     assert LOSS_AGGREGATIONS.names() == sorted(AGGS)
 
 

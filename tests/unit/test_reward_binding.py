@@ -9,7 +9,7 @@ from gspo_cli.recipe.reward import RewardConfig, RewardFunctionConfig
 from gspo_cli.rewards.binding import RewardServices, bind_reward, reward_signature
 from gspo_cli.rewards.code.reward import code_reward
 from gspo_cli.rewards.math_verifier import MathVerifierPool, math_reward
-from gspo_cli.train.step.rewards import RewardModel
+from gspo_cli.train.step.rewards import WeightedRewards
 
 
 def test_signatures_name_columns_options_and_services() -> None:
@@ -33,16 +33,16 @@ def test_the_math_reward_uses_the_pool_it_is_handed() -> None:
     with MathVerifierPool(1, 1.0) as small, MathVerifierPool(2, 3.0) as big:
         for pool in (small, big):
             cfg = RewardConfig(functions=[RewardFunctionConfig(name="math")])
-            model = RewardModel(cfg, RewardServices(math_pool=pool))
+            model = WeightedRewards(cfg, RewardServices(math_pool=pool))
             totals, correct, _ = model(["\\boxed{2}"], [{"answer": "2"}])[:3]
             assert totals == [1.0] and correct == [1.0]
             assert pool._pool is not None  # this pool did the work
         with pytest.raises(GspoError, match="needs math_pool"):
-            RewardModel(RewardConfig(), RewardServices())
+            WeightedRewards(RewardConfig(), RewardServices())
 
 
 def test_a_missing_column_is_one_clear_error() -> None:
     with MathVerifierPool(1, 1.0) as pool:
-        model = RewardModel(RewardConfig(), RewardServices(math_pool=pool))
+        model = WeightedRewards(RewardConfig(), RewardServices(math_pool=pool))
         with pytest.raises(GspoError, match=r"reads column\(s\) answer, which the data"):
             model(["\\boxed{1}"], [{"solution": "1"}])

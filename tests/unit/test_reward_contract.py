@@ -20,7 +20,7 @@ from gspo_cli.core.errors import GspoError
 from gspo_cli.recipe.loader import RecipeError, load_recipe
 from gspo_cli.recipe.reward import RewardConfig, RewardFunctionConfig
 from gspo_cli.rewards.binding import RewardServices, bind_reward, resolve_reward
-from gspo_cli.train.step.rewards import RewardModel
+from gspo_cli.train.step.rewards import WeightedRewards
 
 USER_REWARDS = """
 import re
@@ -99,13 +99,13 @@ def user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[
     sys.modules.pop(module, None)
 
 
-def _model(*functions: RewardFunctionConfig, timeout_s: float = 5.0) -> RewardModel:
-    return RewardModel(
+def _model(*functions: RewardFunctionConfig, timeout_s: float = 5.0) -> WeightedRewards:
+    return WeightedRewards(
         RewardConfig(functions=list(functions), timeout_s=timeout_s), RewardServices()
     )
 
 
-def _error(model: RewardModel) -> str:
+def _error(model: WeightedRewards) -> str:
     try:
         with pytest.raises(GspoError) as info:
             model(COMPLETIONS, ROWS)

@@ -11,7 +11,7 @@ import pytest
 from gspo_cli.recipe.reward import RewardConfig
 from gspo_cli.rewards import worker
 from gspo_cli.rewards.binding import RewardServices
-from gspo_cli.train.step.rewards import RewardModel
+from gspo_cli.train.step.rewards import WeightedRewards
 from tests.helpers import invoke_cli, write_recipe
 
 SLOW = """
@@ -32,7 +32,7 @@ def test_a_reward_that_runs_long_says_so_naming_its_limits(
     cfg = RewardConfig.model_validate(
         {"functions": [{"name": "slow_reward:slow_check"}], "timeout_s": 20}
     )
-    model = RewardModel(cfg, RewardServices())
+    model = WeightedRewards(cfg, RewardServices())
     try:
         scores = model(["a", "b"], [{}, {}])
     finally:

@@ -28,8 +28,9 @@ from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import TorchEngine
 from gspo_cli.train.step.replay import ProbeRow, StepRouting
+from gspo_cli.train.step.settings import RoutingSettings
 from gspo_cli.train.step.train_batch import build_train_batch
-from gspo_cli.train.step.update import rl_step
+from gspo_cli.train.step.update import StepModels, rl_step
 from tests.rl_helpers import PROMPTS, LengthParityReward, tiny_step
 
 SMALL = {
@@ -242,7 +243,9 @@ def _moe_step(replay: str, aux: float = 0.0) -> dict[str, float]:
     engine = TorchEngine(model, engine_settings(recipe), LOCAL)
     rows = [{"prompt": "p", "answer": "0"}] * len(PROMPTS)
     rollout = HFGenerateEngine(model, tokenizer)
-    return rl_step(engine, rollout, LengthParityReward(), PROMPTS, rows, settings, 0).metrics
+    return rl_step(
+        StepModels(engine), rollout, LengthParityReward(), PROMPTS, rows, settings, 0
+    ).metrics
 
 
 @pytest.mark.parametrize("replay", ["off", "old_policy", "rollout"])
@@ -271,7 +274,7 @@ def test_volatility_keeps_the_globally_first_probe_rows_over_ranks() -> None:
     """Each rank probes its own first rows; the metric keeps the first PROBE_ROWS rows by
     global index wherever they sit, weighted by their tokens: the same rows (and figure) as
     one process measures, at any world size."""
-    plan = StepRouting(_qwen3_moe(), "off", 4, None, aux_coef=0.0)
+    plan = StepRouting(_qwen3_moe(), RoutingSettings("off", aux_coef=0.0), 4, None)
     # update 0: rank 0 holds rows 8 and 9, rank 1 rows 0 and 1 (the global first two);
     # update 1: rank 0 trained nothing (its stand-in is uncounted), rank 1 rows 2 and 5.
     plan.updates = [
@@ -300,7 +303,7 @@ def test_router_aux_loss_is_the_models_own_and_off_by_default() -> None:
         position_ids=batch.position_ids,
         output_router_logits=True,
     ).aux_loss
-    plan = StepRouting(model, "off", 3, None, aux_coef=0.5)
+    plan = StepRouting(model, RoutingSettings("off", aux_coef=0.5), 3, None)
     index = torch.arange(3)
     with plan.training_forward(batch, index) as logits:
         response_logprobs(model, batch, 1.0)
@@ -308,7 +311,8 @@ def test_router_aux_loss_is_the_models_own_and_off_by_default() -> None:
     assert aux is not None
     torch.testing.assert_close(aux, 0.5 * expected)
     assert aux.requires_grad
-    with StepRouting(model, "off", 3, None, aux_coef=0.0).training_forward(batch, index) as none:
+    off = RoutingSettings("off", aux_coef=0.0)
+    with StepRouting(model, off, 3, None).training_forward(batch, index) as none:
         assert none is None
     metrics = _moe_step("off", aux=0.01)
     assert metrics["router_aux_loss"] > 0

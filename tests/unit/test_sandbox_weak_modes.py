@@ -19,7 +19,7 @@ from gspo_cli.sandbox import isolation as iso
 from gspo_cli.sandbox import run_program
 from gspo_cli.sandbox.isolation import WeakIsolationError
 from gspo_cli.sandbox.program import Limits
-from gspo_cli.train.step.rewards import RewardModel
+from gspo_cli.train.step.rewards import WeightedRewards
 
 # The container stage of CI runs these too: which weak modes work depends on the container.
 pytestmark = pytest.mark.container
@@ -70,12 +70,12 @@ def test_without_bubblewrap_the_code_reward_stops_with_one_line() -> None:
         code_reward([FENCED], [{"inputs": [""], "outputs": ["1"]}])
     cfg = RewardConfig.model_validate({"functions": [{"name": "code"}]})
     with pytest.raises(WeakIsolationError):  # at bind time, before any model is loaded
-        RewardModel(cfg, RewardServices())
+        WeightedRewards(cfg, RewardServices())
     opted = RewardConfig.model_validate(
         {"functions": [{"name": "code"}], "sandbox": {"allow_weak_isolation": True}}
     )
     try:
-        RewardModel(opted, RewardServices())
+        WeightedRewards(opted, RewardServices())
         assert code_reward([FENCED], [{"inputs": [""], "outputs": ["1"]}]) == [1.0]
     finally:
         iso.allow_weak_isolation(False)

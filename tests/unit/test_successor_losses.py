@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from gspo_cli.algorithms import PAPER_CLIP, POLICY_LOSSES, LossOptions, compute_policy_loss
+from gspo_cli.algorithms import LOSS_SPECS, LossOptions, compute_policy_loss
 from gspo_cli.recipe import RecipeError, load_recipe
 from tests.helpers import REPO, invoke_cli
 from tests.loss_reference import TAUS, reference_loss
@@ -203,7 +203,7 @@ def test_cispo_keeps_the_gradient_dapo_clips() -> None:
 
 
 def test_cispo_default_has_no_lower_bound_and_token_mean_aggregation() -> None:
-    low, high = PAPER_CLIP["cispo"]
+    low, high = LOSS_SPECS.get("cispo").paper_clip
     lp, _, adv, mask = random_batch(8, 4, 6, per_token_adv=True, scale=2.0)
     old = lp.detach() + 3.0  # every ratio e^-3 ~ 0.05, far below any lower clip
     none, grad, m = _loss_and_grad(lp, old, adv, mask, "cispo", clip_low=low, clip_high=high)
@@ -298,8 +298,10 @@ def test_unknown_algorithm_is_one_line_at_validate_time(tmp_path: Path) -> None:
 
 
 def test_every_successor_is_registered_with_paper_clip() -> None:
-    assert set(SUCCESSORS) <= set(POLICY_LOSSES.names())
-    assert set(POLICY_LOSSES.names()) <= set(PAPER_CLIP)
+    # the papers' ranges (docs/options/successor-losses.md); every spec's: test_loss_specs.py
+    papers = {"luspo": (2e-3, 2.5e-3), "sapo": (0.2, 0.2), "gmpo": (0.4, 0.4), "cispo": (1.0, 0.2)}
+    assert set(SUCCESSORS) <= set(LOSS_SPECS.names())
+    assert {name: LOSS_SPECS.get(name).paper_clip for name in SUCCESSORS} == papers
 
 
 @pytest.mark.parametrize(

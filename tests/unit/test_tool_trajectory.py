@@ -211,8 +211,8 @@ def test_chat_template_calls_reach_the_environment_and_its_reward_the_rewards(
     from gspo_cli.rewards.math_verifier import MathVerifierPool
     from gspo_cli.rollout.tools.build import make_tool_parts
     from gspo_cli.rollout.tools.templates import HERMES_TOOL_TEMPLATE
-    from gspo_cli.train.step.collect import collect_groups
-    from gspo_cli.train.step.rewards import RewardModel, RewardServices
+    from gspo_cli.train.step.collection import collect_groups
+    from gspo_cli.train.step.rewards import RewardServices, WeightedRewards
     from tests.rl_helpers import tiny_step
 
     (tmp_path / "counter_env.py").write_text(ENVIRONMENT)
@@ -229,7 +229,7 @@ def test_chat_template_calls_reach_the_environment_and_its_reward_the_rewards(
         {"prompt": "Q", "answer": "5", "target": 5},
         {"prompt": "Q", "answer": "5", "target": 6},
     ]
-    reward = RewardModel(
+    reward = WeightedRewards(
         RewardConfig(functions=[{"name": "environment"}]),
         RewardServices(math_pool=MathVerifierPool(1, 5.0)),
     )

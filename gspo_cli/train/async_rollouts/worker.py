@@ -39,8 +39,8 @@ from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout import EngineSpec, make_rollout_engine
 from gspo_cli.train.engines.distributed import DistContext
-from gspo_cli.train.step.dynamic_sampling import Collected, Sampling, collect_step, step_seed
-from gspo_cli.train.step.rewards import RewardModel
+from gspo_cli.train.step.collection import Collected, PromptSource, collect_step, step_seed
+from gspo_cli.train.step.rewards import WeightedRewards
 from gspo_cli.train.step.sampler import PromptSampler
 from gspo_cli.train.step.settings import StepSettings
 
@@ -120,11 +120,11 @@ def _sample(plan: WorkerPlan, staging: nn.Module, inbox: Any, outbox: Any) -> No
     engine = make_rollout_engine(recipe.rollout.engine, spec)
     sampler = PromptSampler(len(plan.problems[1]), recipe.data.seed + recipe.trainer.seed)
     sampler.load_state_dict(plan.sampler_state)
-    how = Sampling.of(recipe, plan.ctx.world)
+    source = PromptSource(*plan.problems, sampler)
     version = published = plan.start_version
     try:
         with MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s) as pool:
-            reward = RewardModel(recipe.reward, RewardServices(math_pool=pool))
+            reward = WeightedRewards(recipe.reward, RewardServices(math_pool=pool))
             outbox.put(("ready", None))
             try:
                 for step in range(plan.first_step, plan.last_step + 1):
@@ -142,9 +142,7 @@ def _sample(plan: WorkerPlan, staging: nn.Module, inbox: Any, outbox: Any) -> No
                     seed = step_seed(recipe.trainer.seed, step, plan.rollbacks)
                     torch.manual_seed(seed)  # unseeded sampling: one stream per step
                     before = sampler.state_dict()
-                    collected = collect_step(
-                        engine, reward, sampler, plan.problems, plan.settings, how, seed, plan.ctx
-                    )
+                    collected = collect_step(engine, reward, source, plan.settings, seed, plan.ctx)
                     batch = AsyncBatch(step, version, collected, before, sampler.state_dict())
                     outbox.put(("batch", pickle.dumps(batch)))
             finally:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gspo_cli.core.engine_catalogue import TRAIN_ENGINES, expert_parallel_engines
 from gspo_cli.core.errors import GspoError
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.train.engines.metric_rules import (
@@ -123,8 +124,10 @@ def check_expert_parallel(recipe: Recipe, world: int) -> None:
     ep = recipe.deepspeed.expert_parallel
     if ep == 1:
         return
-    if recipe.trainer.engine != "deepspeed":
-        raise GspoError("deepspeed.expert_parallel needs trainer.engine deepspeed")
+    if not TRAIN_ENGINES.get(recipe.trainer.engine).expert_parallel:
+        raise GspoError(
+            f"deepspeed.expert_parallel needs trainer.engine {expert_parallel_engines()}"
+        )
     if world % ep:
         raise GspoError(
             f"deepspeed.expert_parallel ({ep}) must divide the number of processes ({world})"

@@ -51,8 +51,8 @@ from gspo_cli.train.run.problem_sets import Problems, eval_format, eval_params, 
 from gspo_cli.train.run.reference import refresh
 from gspo_cli.train.run.signals import stop_on_signals
 from gspo_cli.train.run.state import restore_checkpoint
-from gspo_cli.train.step.dynamic_sampling import Sampling, collect_step, short_notice, step_seed
-from gspo_cli.train.step.update import train_groups
+from gspo_cli.train.step.collection import PromptSource, collect_step, short_notice, step_seed
+from gspo_cli.train.step.update import RankShare, StepModels, train_groups
 
 
 @dataclass
@@ -116,20 +116,7 @@ def run_loop(run: PreparedRun) -> TrainResult:
     if run.start == 0:
         result.heldout[0] = _evaluate(run, 0)
         run.console.print(f"held-out accuracy before RL: {result.heldout[0]:.1%}", highlight=False)
-    trainer = recipe.trainer
-    guard = Guard(
-        trainer.max_bad_updates,
-        trainer.on_collapse,
-        trainer.max_rollbacks,
-        rollbacks=run.state.rollbacks,
-        entropy_coef=recipe.algorithm.entropy_coef,
-        kl_coef=recipe.algorithm.kl_coef,
-        detector=CollapseDetector(
-            heldout_size=HeldoutSize(len(run.eval_problems), eval_params(recipe).num_samples)
-        ),
-    )
-    if 0 in result.heldout:
-        guard.detector.observe_heldout(0, result.heldout[0])
+    trainer, guard = recipe.trainer, _guard(run, result)
     steps, step = trainer.steps, run.start
     if recipe.rollout.max_staleness and step < steps:
         _start_rollouts(run)
@@ -177,9 +164,28 @@ def run_loop(run: PreparedRun) -> TrainResult:
     return result
 
 
+def _guard(run: PreparedRun, result: TrainResult) -> Guard:
+    """The run's guard, having seen the held-out accuracy before RL where there is one."""
+    recipe, trainer = run.recipe, run.recipe.trainer
+    guard = Guard(
+        trainer.max_bad_updates,
+        trainer.on_collapse,
+        trainer.max_rollbacks,
+        rollbacks=run.state.rollbacks,
+        entropy_coef=recipe.algorithm.entropy_coef,
+        kl_coef=recipe.algorithm.kl_coef,
+        detector=CollapseDetector(
+            heldout_size=HeldoutSize(len(run.eval_problems), eval_params(recipe).num_samples)
+        ),
+    )
+    if 0 in result.heldout:
+        guard.detector.observe_heldout(0, result.heldout[0])
+    return guard
+
+
 def _one_step(run: PreparedRun, step: int) -> tuple[Any, dict[str, float]]:
     """One RL step on this rank's share of the prompts: collection (with dynamic sampling's
-    rounds, train/step/dynamic_sampling.py), then training. After a rollback the sampling seeds are
+    rounds, train/step/collection.py), then training. After a rollback the sampling seeds are
     fresh (`run.state.rollbacks` enters them), so the retried steps draw other samples."""
     recipe, ctx = run.recipe, run.ctx
     started = time.perf_counter()
@@ -188,10 +194,8 @@ def _one_step(run: PreparedRun, step: int) -> tuple[Any, dict[str, float]]:
         collected = collect_step(
             run.rollout_engine,
             run.reward,
-            run.sampler,
-            (run.train_set.prompts, run.train_set.rows),
+            PromptSource(run.train_set.prompts, run.train_set.rows, run.sampler),
             run.settings,
-            Sampling.of(recipe, ctx.world),
             seed,
             ctx,
             note=lambda line: run.console.print(f"step {step}: {line}", highlight=False),
@@ -201,14 +205,11 @@ def _one_step(run: PreparedRun, step: int) -> tuple[Any, dict[str, float]]:
         collected = batch.collected
         run.sampler.load_state_dict(batch.sampler_after)  # what a checkpoint of this step saves
     output = train_groups(
-        run.engine,
+        StepModels(run.engine, run.ref_engine, run.teacher),
         collected.scored,
         run.settings,
         seed,
-        run.ref_engine,
-        ctx=ctx,
-        group_offset=collected.group_offset,
-        teacher=run.teacher,
+        RankShare(ctx, collected.group_offset),
     )
     output.index = collected.index
     refresh(run.ref_engine, recipe.algorithm.ref_update_every, step, run.engine)  # KL reference

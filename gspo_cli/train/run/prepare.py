@@ -27,7 +27,7 @@ from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.context import RewardContext
 from gspo_cli.rewards.math_verifier import MathVerifierPool
-from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
+from gspo_cli.rollout import EngineSpec, RolloutEngine, make_rollout_engine
 from gspo_cli.runs.folder import CHECKPOINTS, COLD_START, judge_cache_file, step_folder
 from gspo_cli.train.async_rollouts.trainer import AsyncRollouts
 from gspo_cli.train.engines.adapters import (
@@ -56,10 +56,10 @@ from gspo_cli.train.run.reference import BaseReference, reference_state
 from gspo_cli.train.run.resume import resume_changes, resume_from_checkpoint
 from gspo_cli.train.run.signals import StopRequest
 from gspo_cli.train.run.state import RunState
+from gspo_cli.train.run.step_settings import step_settings
 from gspo_cli.train.run.teacher import check_teacher, load_teacher
 from gspo_cli.train.step.distill import Teacher
-from gspo_cli.train.step.old_policy import EngineLogprobs, resolve_engine_logprobs
-from gspo_cli.train.step.rewards import RewardModel
+from gspo_cli.train.step.rewards import WeightedRewards
 from gspo_cli.train.step.sampler import PromptSampler
 from gspo_cli.train.step.settings import StepSettings
 
@@ -77,7 +77,7 @@ class PreparedRun:
     engine: TrainEngine
     rollout_engine: RolloutEngine
     ref_engine: FrozenPolicy | None
-    reward: RewardModel
+    reward: WeightedRewards
     math_pool: MathVerifierPool
     sampler: PromptSampler
     log: RunLog
@@ -150,14 +150,7 @@ def prepare_run(
     start), engines, rewards and resume state.
 
     `stop` is the SIGTERM request the loop polls (`stop_on_signals`); None: never set."""
-    ctx = context_from_env()
-    device = resolve_device(recipe.trainer.device, ctx.local_rank)
-    if device.type == "cpu":  # save_pretrained imports DeepSpeed, which would probe for a GPU
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # and warn (the rollout worker inherits)
-    check_processes(recipe.trainer.engine, ctx.world)
-    check_world_size(recipe, ctx.world)
-    if TRAIN_ENGINES.get(recipe.trainer.engine).several_processes:
-        init_process_group(ctx, device)
+    ctx, device = _processes(recipe)
     plain = Console(markup=False, highlight=False)  # paths and values print verbatim
     console = (console or plain) if ctx.is_main else Console(quiet=True)
     # a GGUF (or a LoRA checkpoint's GGUF base) is converted or refused before the run folder
@@ -184,6 +177,44 @@ def prepare_run(
     engine = make_engine(recipe.trainer.engine, model, engine_settings(recipe), ctx)
     if engine.adapters is not None:
         ref_engine = _lora_start(recipe, engine, engine.adapters, run_dir, console)
+    rollout_engine = _rollout_engine(recipe, engine, tokenizer, ctx)
+    math_pool = MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s)
+    reward = WeightedRewards(recipe.reward, _reward_services(math_pool, run_dir, ctx.rank, device))
+    sampler = PromptSampler(len(train_set.rows), recipe.data.seed + recipe.trainer.seed)
+    wandb_run = _wandb(recipe, run_dir, resume) if ctx.is_main else None
+    log = RunLog(run_dir, wandb_run, enabled=ctx.is_main)
+    state = RunState()
+    if resume:
+        state = resume_from_checkpoint(
+            run_dir, recipe, engine, sampler, log, ref_engine, ctx, console
+        )
+    else:
+        torch.manual_seed(recipe.trainer.seed)
+    settings = step_settings(recipe, int(tokenizer.pad_token_id), ctx.world)
+    return PreparedRun(
+        recipe, ctx, device, run_dir, console, tokenizer, train_set, eval_problems, engine,
+        rollout_engine, ref_engine, reward, math_pool, sampler, log, settings, state,
+        stop or StopRequest(), state.step, teacher=teacher,
+    )  # fmt: skip
+
+
+def _processes(recipe: Recipe) -> tuple[DistContext, torch.device]:
+    """This process's place among the launcher's and its device; the process group joined."""
+    ctx = context_from_env()
+    device = resolve_device(recipe.trainer.device, ctx.local_rank)
+    if device.type == "cpu":  # save_pretrained imports DeepSpeed, which would probe for a GPU
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # and warn (the rollout worker inherits)
+    check_processes(recipe.trainer.engine, ctx.world)
+    check_world_size(recipe, ctx.world)
+    if TRAIN_ENGINES.get(recipe.trainer.engine).several_processes:
+        init_process_group(ctx, device)
+    return ctx, device
+
+
+def _rollout_engine(
+    recipe: Recipe, engine: TrainEngine, tokenizer: PreTrainedTokenizerBase, ctx: DistContext
+) -> RolloutEngine:
+    """This process's rollout engine, on the training engine's model."""
     synced = engine.partitions_weights and ctx.world > 1
     local = _local_rollout_engine(recipe, synced)
     spec = EngineSpec(
@@ -198,25 +229,7 @@ def prepare_run(
         model_name=recipe.model.path,
         chat_template_kwargs=recipe.data.chat_template_kwargs,
     )
-    rollout_engine = make_rollout_engine(local, spec)
-    math_pool = MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s)
-    reward = RewardModel(recipe.reward, _reward_services(math_pool, run_dir, ctx.rank, device))
-    sampler = PromptSampler(len(train_set.rows), recipe.data.seed + recipe.trainer.seed)
-    wandb_run = _wandb(recipe, run_dir, resume) if ctx.is_main else None
-    log = RunLog(run_dir, wandb_run, enabled=ctx.is_main)
-    state = RunState()
-    if resume:
-        state = resume_from_checkpoint(
-            run_dir, recipe, engine, sampler, log, ref_engine, ctx, console
-        )
-    else:
-        torch.manual_seed(recipe.trainer.seed)
-    settings = step_settings(recipe, int(tokenizer.pad_token_id))
-    return PreparedRun(
-        recipe, ctx, device, run_dir, console, tokenizer, train_set, eval_problems, engine,
-        rollout_engine, ref_engine, reward, math_pool, sampler, log, settings, state,
-        stop or StopRequest(), state.step, teacher=teacher,
-    )  # fmt: skip
+    return make_rollout_engine(local, spec)
 
 
 def _reward_services(
@@ -242,57 +255,6 @@ def _local_rollout_engine(recipe: Recipe, synced: bool) -> str:
             "needs rollout.engine vllm (or deepspeed.zero_stage 2 and expert_parallel 1)"
         )
     return local
-
-
-def step_settings(recipe: Recipe, pad_id: int) -> StepSettings:
-    """What an RL step needs of `recipe` (the run's, or a benchmark's)."""
-    return StepSettings(
-        algorithm=recipe.algorithm,
-        sampling=rollout_params(recipe),
-        pad_id=pad_id,
-        micro_batch_size=recipe.trainer.micro_batch_size,
-        use_engine_logprobs=engine_logprobs_mode(recipe),
-        max_tokens_per_micro_batch=recipe.trainer.max_tokens_per_micro_batch,
-        skip_zero_advantage=recipe.trainer.skip_zero_advantage,
-        overlong_buffer=recipe.reward.overlong_buffer,
-        overlong_penalty=recipe.reward.overlong_penalty,
-    )
-
-
-def engine_logprobs_mode(recipe: Recipe) -> EngineLogprobs:
-    """`rollout.use_engine_logprobs` resolved for this recipe (`auto` where it can apply)."""
-    return resolve_engine_logprobs(
-        recipe.rollout.use_engine_logprobs,
-        algorithm=recipe.algorithm.name,
-        rollout_correction=recipe.algorithm.rollout_correction,
-        top_p=recipe.rollout.top_p,
-        top_k=recipe.rollout.top_k,
-        routing_replay=recipe.algorithm.routing_replay,
-        # a KL in the reward and distillation both read pi_old of every row before the updates
-        kl_in_reward=(recipe.algorithm.kl_coef > 0 and recipe.algorithm.kl_in == "reward")
-        or recipe.algorithm.distill is not None,
-        asynchronous=recipe.rollout.max_staleness > 0,
-    )
-
-
-def rollout_params(recipe: Recipe) -> SamplingParams:
-    """Sampling for RL steps; engine log-probs only where something reads them (pi_old, the
-    rollout correction, or the mismatch metrics of an engine with its own weights)."""
-    r = recipe.rollout
-    wanted = (
-        engine_logprobs_mode(recipe) is not False
-        or recipe.algorithm.rollout_correction != "off"
-        or (ROLLOUT_ENGINES.get(r.engine).keeps_own_weights and r.top_p == 1 and r.top_k == 0)
-    )
-    return SamplingParams(
-        r.temperature,
-        r.top_p,
-        r.top_k,
-        r.max_new_tokens,
-        r.group_size,
-        logprobs=wanted,
-        routed_experts=recipe.algorithm.routing_replay == "rollout",
-    )
 
 
 def _open_run_dir(run_dir: Path, resume: bool, recipe_yaml: str, ctx: DistContext) -> list[str]:

@@ -10,12 +10,9 @@ from dataclasses import dataclass
 import torch
 
 from gspo_cli.algorithms.distill import distill_advantages, reverse_kl_sums
-from gspo_cli.models.forward.batch import TrainBatch
-from gspo_cli.recipe.algorithm import DistillConfig
-from gspo_cli.train.engines.distributed import DistContext
 from gspo_cli.train.engines.torch_engine import LogprobModel
-from gspo_cli.train.step.micro import MicroBatch
-from gspo_cli.train.step.old_policy import forward_no_grad
+from gspo_cli.train.step.old_policy import PiOldInputs, forward_no_grad
+from gspo_cli.train.step.settings import DistillSettings
 
 
 @dataclass(frozen=True)
@@ -28,23 +25,22 @@ class Teacher:
 
 def teacher_advantages(
     teacher: Teacher,
-    config: DistillConfig,
-    batch: TrainBatch,
-    plan: list[MicroBatch],
-    temperature: float,
+    config: DistillSettings,
+    forward: PiOldInputs,
     task_advantages: torch.Tensor,
     old_logprobs: torch.Tensor,
-    ctx: DistContext,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """`[N, T]` the distillation advantages of this rank's rows, and the step's metrics.
 
-    The teacher is scored at the sampling temperature, as pi_old is: both sides of a_t are the
-    same transformation of their logits, so a teacher equal to the student gives a_t = 0.
-    `plan` covers every row (pi_old of every row is read), so each rank scores its own rows;
-    the reverse KL is summed over ranks before the division.
+    The teacher runs pi_old's no-grad forward (`forward`: the batch, its micro-batches, the
+    temperature, the ranks). It is scored at the sampling temperature, as pi_old is: both
+    sides of a_t are the same transformation of their logits, so a teacher equal to the
+    student gives a_t = 0. The micro-batches cover every row (pi_old of every row is read), so
+    each rank scores its own rows; the reverse KL is summed over ranks before the division.
     """
+    batch, ctx = forward.batch, forward.ctx
     started = time.perf_counter()
-    teacher_lp = forward_no_grad(teacher.policy, batch, plan, temperature)  # [N, T]
+    teacher_lp = forward_no_grad(teacher.policy, batch, forward.plan, forward.temperature)  # [N, T]
     elapsed = time.perf_counter() - started
     mask = batch.response_mask  # [N, T] model tokens: tool results, prompt and padding are 0
     advantages = distill_advantages(

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from gspo_cli.algorithms import (
-    mismatch_metrics,
-)
+from gspo_cli.algorithms import mismatch_metrics
 from gspo_cli.algorithms.advantages import zero_signal_groups
-from gspo_cli.recipe.algorithm import AlgorithmConfig
 from gspo_cli.rollout.batch import RolloutBatch
 from gspo_cli.train.engines.metric_rules import combine, tool_error_share
 from gspo_cli.train.step.micro import StepPlan
 from gspo_cli.train.step.scored import ScoredGroups
-from gspo_cli.train.step.settings import StepSettings
+from gspo_cli.train.step.settings import LossSettings, StepSettings
 
 
 def add_mismatch(
@@ -21,11 +18,12 @@ def add_mismatch(
     logprobs: torch.Tensor,
     engine_lp: torch.Tensor,
     mask: torch.Tensor,
-    algo: AlgorithmConfig,
+    loss: LossSettings,
 ) -> None:
     """Engine-vs-trainer mismatch from a forward taken before any update of this step."""
-    clip = (float(algo.clip_low or 0), float(algo.clip_high or 0))
-    metrics = mismatch_metrics(logprobs.detach(), engine_lp.to(logprobs.device), mask, *clip)
+    metrics = mismatch_metrics(
+        logprobs.detach(), engine_lp.to(logprobs.device), mask, loss.clip_low, loss.clip_high
+    )
     for key, value in metrics.items():
         parts[key].append(value)
 

@@ -16,6 +16,7 @@ micro-batches runs filler ones, one row whose loss is multiplied by 0.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -122,28 +123,44 @@ class StepPlan(NamedTuple):
     trained_rows: int  # rows in some (non-filler) training micro-batch
 
 
-def plan_step(
-    prompt_lengths: torch.Tensor,
-    response_lengths: torch.Tensor,
-    splits: list[torch.Tensor],
-    signal: torch.Tensor,
-    caps: tuple[int, int],
-    ctx: DistContext,
-    forward_all: bool,
-    prompts: torch.Tensor | None = None,
-) -> StepPlan:
-    """Micro-batches of every minibatch (`splits`) over its rows with `signal`, and of the
-    no-grad forwards over every row they use (all rows when `forward_all`: something reads
-    pi_old of every row). `caps`: (rows, computed tokens) per micro-batch, 0 = none;
-    `prompts`: `[N]` prompt ids when each distinct prompt of a micro-batch runs once."""
-    lengths = (prompt_lengths, response_lengths)
-    minibatches = [
-        in_step(bucket(rows[signal[rows]], *lengths, *caps, prompts), ctx, int(rows[0]))
-        for rows in splits
-    ]
-    used = torch.cat([m.rows for micro in minibatches for m in micro]).unique()  # sorted
-    if forward_all:
-        used = torch.arange(len(signal))
-    forward = in_step(bucket(used, *lengths, *caps, prompts), ctx, int(used[0]))
+@dataclass(frozen=True)
+class Layout:
+    """What a step's micro-batches are packed by: the rows' lengths, the caps, shared prompts
+    and the ranks (which must run as many micro-batches as each other)."""
+
+    prompt_lengths: torch.Tensor  # [N]
+    response_lengths: torch.Tensor  # [N]
+    caps: tuple[int, int]  # (rows, computed tokens) per micro-batch, 0 = none
+    ctx: DistContext
+    prompts: torch.Tensor | None = None  # [N] prompt ids, when each distinct prompt runs once
+
+    def micro_batches(self, rows: torch.Tensor, filler_row: int) -> list[MicroBatch]:
+        """`rows` bucketed, then padded with fillers of `filler_row` to the ranks' count."""
+        lengths = (self.prompt_lengths, self.response_lengths)
+        return in_step(bucket(rows, *lengths, *self.caps, self.prompts), self.ctx, filler_row)
+
+
+def plan_updates(
+    layout: Layout, splits: list[torch.Tensor], signal: torch.Tensor
+) -> list[list[MicroBatch]]:
+    """The training micro-batches of every minibatch (`splits`) over its rows with `signal`."""
+    return [layout.micro_batches(rows[signal[rows]], int(rows[0])) for rows in splits]
+
+
+def plan_forward(layout: Layout, rows: torch.Tensor | None = None) -> list[MicroBatch]:
+    """The no-grad forwards' micro-batches: over `rows`, or every row (None: something reads
+    pi_old of every row)."""
+    if rows is None:
+        rows = torch.arange(len(layout.prompt_lengths))
+    return layout.micro_batches(rows, int(rows[0]))
+
+
+def rows_used(minibatches: list[list[MicroBatch]]) -> torch.Tensor:
+    """`[n]` sorted, every row some micro-batch of `minibatches` runs (fillers' too)."""
+    return torch.cat([m.rows for micro in minibatches for m in micro]).unique()
+
+
+def step_plan(minibatches: list[list[MicroBatch]], forward: list[MicroBatch]) -> StepPlan:
+    """The step's one plan: the updates' micro-batches and the no-grad forwards'."""
     trained = sum(len(m.rows) for micro in minibatches for m in micro if not m.filler)
     return StepPlan(minibatches, forward, trained)

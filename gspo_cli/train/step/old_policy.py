@@ -24,25 +24,32 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 
-from gspo_cli.algorithms import mismatch_metrics, rollout_correction
-from gspo_cli.algorithms.losses import SEQUENCE_RATIO_LOSSES
+from gspo_cli.algorithms import LOSS_SPECS, mismatch_metrics, rollout_correction
 from gspo_cli.models.forward.batch import TrainBatch, pad_logprobs
-from gspo_cli.recipe.algorithm import AlgorithmConfig
 from gspo_cli.rollout.base import RolloutBatch
 from gspo_cli.train.engines.distributed import DistContext
 from gspo_cli.train.engines.torch_engine import LogprobModel
 from gspo_cli.train.step.micro import MicroBatch
 from gspo_cli.train.step.replay import StepRouting
+from gspo_cli.train.step.settings import AlgorithmSettings, EngineLogprobs
 
 # The engine's log-probs stand in for pi_old while no checked response's sequence log-ratio
 # (engine vs trainer) exceeds this share of the clip window's upper edge log(1 + eps_high).
 GAP_SHARE_OF_CLIP = 0.1
 
-EngineLogprobs = bool | Literal["auto"]
+
+@dataclass(frozen=True)
+class PiOldTiming:
+    """When a step's batch was sampled and when it reads pi_old: both can rule `auto` out."""
+
+    # a KL in the reward or distillation reads pi_old of every row before the advantages,
+    # earlier than `auto`'s check can run
+    before_advantages: bool = False
+    # rollout.max_staleness > 0: the batch comes from an older policy
+    asynchronous: bool = False
 
 
 def resolve_engine_logprobs(
@@ -53,26 +60,25 @@ def resolve_engine_logprobs(
     top_p: float,
     top_k: int,
     routing_replay: str,
-    kl_in_reward: bool = False,
-    asynchronous: bool = False,
+    timing: PiOldTiming = PiOldTiming(),
 ) -> EngineLogprobs:
     """`rollout.use_engine_logprobs` as a step runs it: True, False, or "auto" (the gated
-    mode) where `auto` can apply; `auto` elsewhere recomputes (False). A KL in the reward
-    reads pi_old of every row before advantages, earlier than `auto`'s check can run.
+    mode) where `auto` can apply; `auto` elsewhere recomputes (False), as it does where pi_old
+    of every row is read before the advantages (`timing.before_advantages`).
 
-    `asynchronous` (rollout.max_staleness > 0): the batch comes from an older policy, so the
-    gate would always fail; `auto` takes the behaviour policy's log-probs as pi_old, unless a
-    rollout correction recomputes pi_old and corrects towards them (the recipe refuses a
-    recompute with neither)."""
+    `timing.asynchronous`: the batch comes from an older policy, so the gate would always
+    fail; `auto` takes the behaviour policy's log-probs as pi_old, unless a rollout correction
+    recomputes pi_old and corrects towards them (the recipe refuses a recompute with
+    neither)."""
     if setting != "auto":
         return setting
-    if asynchronous:
+    if timing.asynchronous:
         return rollout_correction == "off"
-    if kl_in_reward:
+    if timing.before_advantages:
         return False
     exact = top_p == 1 and top_k == 0  # top-p/top-k log-probs are renormalised: not pi_old's
     applies = (
-        algorithm in SEQUENCE_RATIO_LOSSES
+        LOSS_SPECS.get(algorithm).sequence_ratio
         and exact
         and rollout_correction == "off"  # the correction needs the recompute by definition
         and routing_replay != "old_policy"  # it records experts in the recompute forward
@@ -143,7 +149,7 @@ def engine_logprobs_of(rollout: RolloutBatch, batch: TrainBatch) -> torch.Tensor
 
 
 def pi_old(
-    inputs: PiOldInputs, algo: AlgorithmConfig, use_engine_logprobs: EngineLogprobs
+    inputs: PiOldInputs, algo: AlgorithmSettings, use_engine_logprobs: EngineLogprobs
 ) -> OldPolicy:
     """pi_old of a step from the source `use_engine_logprobs` (already resolved) names; under
     `auto` the engine's, still to be checked by `check_first_forward`. When both the engine's
@@ -157,7 +163,7 @@ def pi_old(
     return _recomputed(inputs, algo)
 
 
-def _recomputed(inputs: PiOldInputs, algo: AlgorithmConfig) -> OldPolicy:
+def _recomputed(inputs: PiOldInputs, algo: AlgorithmSettings) -> OldPolicy:
     mask, engine_lp = inputs.batch.response_mask, inputs.engine_logprobs
     old_lp = forward_no_grad(
         inputs.engine, inputs.batch, inputs.plan, inputs.temperature, inputs.routing
@@ -165,11 +171,10 @@ def _recomputed(inputs: PiOldInputs, algo: AlgorithmConfig) -> OldPolicy:
     if engine_lp is None:
         return OldPolicy(old_lp, None, mask, from_engine=False)
     metrics = _mismatch(old_lp, engine_lp, mask, algo)
-    if algo.rollout_correction == "off":
+    correction = algo.correction
+    if correction.name == "off":
         return OldPolicy(old_lp, None, mask, from_engine=False, metrics=metrics)
-    weights, keep = rollout_correction(
-        algo.rollout_correction, old_lp, engine_lp, mask, algo.correction_cap
-    )
+    weights, keep = rollout_correction(correction.name, old_lp, engine_lp, mask, correction.cap)
     kept = keep.sum().clamp(min=1)
     metrics["correction_masked_token_frac"] = float(1 - keep.sum() / mask.sum().clamp(min=1))
     metrics["correction_weight_mean"] = float((weights * keep).sum() / kept)
@@ -179,7 +184,7 @@ def _recomputed(inputs: PiOldInputs, algo: AlgorithmConfig) -> OldPolicy:
 def check_first_forward(
     old: OldPolicy,
     inputs: PiOldInputs,
-    algo: AlgorithmConfig,
+    algo: AlgorithmSettings,
     logprobs: torch.Tensor,
     rows: torch.Tensor | None,
 ) -> OldPolicy:
@@ -198,7 +203,7 @@ def check_first_forward(
         ]
     gate = {
         "engine_gap_seq_max": inputs.ctx.all_reduce_max(gap),  # every rank decides alike
-        "engine_gap_limit": gap_limit(float(algo.clip_high or 0)),
+        "engine_gap_limit": gap_limit(algo.loss.clip_high),
     }
     if gate["engine_gap_seq_max"] <= gate["engine_gap_limit"]:
         return OldPolicy(old.logprobs, None, old.loss_mask, True, metrics=gate)
@@ -208,8 +213,7 @@ def check_first_forward(
 
 
 def _mismatch(
-    old_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tensor, algo: AlgorithmConfig
+    old_lp: torch.Tensor, engine_lp: torch.Tensor, mask: torch.Tensor, algo: AlgorithmSettings
 ) -> dict[str, float]:
-    return mismatch_metrics(
-        old_lp, engine_lp, mask, float(algo.clip_low or 0), float(algo.clip_high or 0)
-    )
+    loss = algo.loss
+    return mismatch_metrics(old_lp, engine_lp, mask, loss.clip_low, loss.clip_high)

@@ -36,6 +36,7 @@ from gspo_cli.models.routing import (
     volatility,
 )
 from gspo_cli.train.engines.distributed import DistContext
+from gspo_cli.train.step.settings import RoutingSettings
 
 PROBE_ROWS = 2  # rows per update whose routing is measured before and after it
 
@@ -66,10 +67,9 @@ class StepRouting:
     def __init__(
         self,
         model: PreTrainedModel,
-        mode: str,
+        settings: RoutingSettings,
         n: int,
         rollout_routing: list[torch.Tensor] | None,
-        aux_coef: float,
         *,
         records_routing: bool | None = None,
         measure_volatility: bool = True,
@@ -81,8 +81,8 @@ class StepRouting:
             records_routing = capabilities_of(model).records_routing
         self.routing = ExpertRouting.of(model) if records_routing else None
         self.measure_volatility = measure_volatility
-        self.mode = mode if self.routing is not None else "off"
-        self.aux_coef = aux_coef if self.routing is not None else 0.0
+        self.mode = settings.replay if self.routing is not None else "off"
+        self.aux_coef = settings.aux_coef if self.routing is not None else 0.0
         # Per sequence `[L, positions, k]`: the experts every training forward is held to.
         self.cache: list[torch.Tensor | None] = [None] * n
         if self.mode == "rollout":

@@ -14,11 +14,11 @@ import inspect
 import math
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from gspo_cli.core.errors import GspoError
-from gspo_cli.recipe.reward import RewardConfig, RewardFunctionConfig
 from gspo_cli.rewards.answer_forms import BOXED, EXPECTED_FORM, answered, any_form_correct
 from gspo_cli.rewards.binding import ANSWER_COLUMN, BoundReward, RewardServices, bind_reward
 from gspo_cli.rewards.context import RewardContext
@@ -45,7 +45,42 @@ class RewardScores(NamedTuple):
     correct_any_form: list[float] | None = None
 
 
-class RewardModel:
+class RewardFunctionEntry(Protocol):
+    """One of `reward.functions` as read here (the recipe's RewardFunctionConfig has this
+    shape: the step types it by shape and does not import the recipe)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def weight(self) -> float: ...
+
+    @property
+    def options(self) -> dict[str, Any]: ...
+
+    @property
+    def none_as(self) -> NoneAs: ...
+
+
+class SandboxSection(Protocol):
+    @property
+    def allow_weak_isolation(self) -> bool: ...
+
+
+class RewardSection(Protocol):
+    """The `reward` section as read here (the recipe's RewardConfig has this shape)."""
+
+    @property
+    def functions(self) -> Sequence[RewardFunctionEntry]: ...
+
+    @property
+    def timeout_s(self) -> float: ...
+
+    @property
+    def sandbox(self) -> SandboxSection: ...
+
+
+class WeightedRewards:
     """Sum of weighted reward functions; `accuracy` is the first function's share of 1.0 scores.
 
     Options were checked against each function's signature when the recipe loaded; here they
@@ -53,7 +88,7 @@ class RewardModel:
     the worker process of the users' functions.
     """
 
-    def __init__(self, cfg: RewardConfig, services: RewardServices) -> None:
+    def __init__(self, cfg: RewardSection, services: RewardServices) -> None:
         allow_weak_isolation(cfg.sandbox.allow_weak_isolation)
         if any(f.name == "code" for f in cfg.functions):
             checked_mode()  # no usable sandbox: one line now, not after the model has loaded
@@ -185,7 +220,7 @@ def _source(reward: BoundReward) -> str | None:
         return None
 
 
-def metric_labels(functions: list[RewardFunctionConfig]) -> list[str]:
+def metric_labels(functions: Sequence[RewardFunctionEntry]) -> list[str]:
     """The name of each function in metrics (`reward/<label>/mean`): the registered name or the
     function's own, the full import path where two share one, `#2`... for repeats."""
     short = [f.name.replace(":", ".").rsplit(".", 1)[-1] for f in functions]

@@ -1,9 +1,9 @@
 """Scored groups: what the collection phase of an RL step hands to its training phase.
 
-The collection phase (`step.collect_groups`) generates G responses for each prompt and scores
-them; dynamic sampling (train/step/dynamic_sampling.py) runs it for several rounds and assembles
-one batch from the groups it keeps (`select_groups`, `concat_groups`); the training phase
-(`step.train_groups`) turns the result into advantages and updates.
+The collection phase (train/step/collection.py) generates G responses for each prompt and
+scores them (`collect_groups`); with dynamic sampling it runs several rounds and assembles one
+batch from the groups it keeps (`select_groups`, `concat_groups`); the training phase
+(`update.train_groups`) turns the result into advantages and updates.
 """
 
 from __future__ import annotations

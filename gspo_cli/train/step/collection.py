@@ -1,4 +1,5 @@
-"""How a step collects its groups, with DAPO dynamic sampling (arXiv 2503.14476, Sec. 3.2).
+"""A step's collection phase: G responses per prompt generated and scored (`collect_groups`,
+one round), in rounds with DAPO dynamic sampling (`collect_step`; arXiv 2503.14476, Sec. 3.2).
 
 Without dynamic sampling a step draws `rollout.num_prompts` (Q) prompts and each rank generates
 and scores its share, Q / world whole groups. With it, the step runs rounds: each round draws Q
@@ -26,6 +27,7 @@ after `rollout.dynamic_sampling_max_rounds`. A group of one response is kept (ve
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,16 +35,15 @@ from typing import Any
 import torch
 
 from gspo_cli.algorithms.advantages import zero_signal_groups
+from gspo_cli.algorithms.overlong import overlong_penalty
 from gspo_cli.core.errors import GspoError
-from gspo_cli.recipe.rollout import MAX_DYNAMIC_SAMPLING_ROUNDS
-from gspo_cli.recipe.schema import Recipe
+from gspo_cli.rewards.environment import ENVIRONMENT_REWARD
 from gspo_cli.rollout.base import RolloutEngine
 from gspo_cli.train.engines.distributed import DistContext
-from gspo_cli.train.step.collect import collect_groups
-from gspo_cli.train.step.rewards import RewardModel
+from gspo_cli.train.step.rewards import WeightedRewards
 from gspo_cli.train.step.sampler import PromptSampler
 from gspo_cli.train.step.scored import ScoredGroups, concat_groups, select_groups
-from gspo_cli.train.step.settings import StepSettings
+from gspo_cli.train.step.settings import CollectionSettings, StepSettings
 
 # Seeds of round r > 0 are the step's seed plus r x this prime: far from every other step's seed
 # (steps, rollbacks and the trainer seed move the step seed by far less).
@@ -51,19 +52,13 @@ PROMPT_SEED_STRIDE = 7919  # prompt i of a round samples with seed round_seed x 
 
 
 @dataclass(frozen=True)
-class Sampling:
-    """How a step draws and keeps its prompts."""
+class PromptSource:
+    """Where a step draws its prompts from: the training set's prompts and data rows, and the
+    sampler whose position (checkpointed) says which come next."""
 
-    num_prompts: int  # Q: groups per step
-    per_prompt_seeds: bool  # seed each prompt's samples on its own
-    dynamic: bool = False  # DAPO dynamic sampling
-    max_rounds: int = 1
-
-    @classmethod
-    def of(cls, recipe: Recipe, world: int) -> Sampling:
-        r = recipe.rollout
-        per_prompt = r.seed_per_prompt or world > 1
-        return cls(r.num_prompts, per_prompt, r.dynamic_sampling, r.dynamic_sampling_max_rounds)
+    prompts: list[list[int]]
+    rows: list[dict[str, Any]]
+    sampler: PromptSampler
 
 
 @dataclass
@@ -102,28 +97,63 @@ def mixed_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return ~zero_signal_groups(rewards, group_size)
 
 
+def collect_groups(
+    rollout_engine: RolloutEngine,
+    reward: WeightedRewards,
+    prompts: list[list[int]],
+    rows: list[dict[str, Any]],
+    settings: StepSettings,
+    seeds: list[int] | None = None,
+    *,
+    sync: bool = True,
+) -> ScoredGroups:
+    """One round of collection: G responses per prompt, scored, with DAPO's overlong penalty
+    added here (dynamic sampling filters on the reward the advantages will see). `sync`: make
+    the engine take the trainer's weights first (once per step; its time counts as rollout)."""
+    params = settings.sampling
+    t0 = time.perf_counter()
+    if sync:
+        rollout_engine.sync_weights()
+    rollout = rollout_engine.generate(prompts, params, seeds, rows=rows)
+    t_rollout = time.perf_counter()
+    response_rows = [row for row in rows for _ in range(params.num_samples)]
+    if rollout.tool_traces is not None:  # a tool environment's own score, for `environment`
+        response_rows = [
+            {**row, ENVIRONMENT_REWARD: trace.environment_reward}
+            for row, trace in zip(response_rows, rollout.tool_traces, strict=True)
+        ]
+    scores = reward(rollout.texts, response_rows, rollout.completion_ids)
+    lengths = torch.tensor([len(c) for c in rollout.completion_ids])  # [N]
+    overlong = overlong_penalty(
+        lengths, params.max_new_tokens, settings.overlong_buffer, settings.overlong_penalty
+    ).tolist()  # [N], all 0.0 when off
+    rewards = [r + p for r, p in zip(scores.totals, overlong, strict=True)]
+    return ScoredGroups(
+        rollout, rewards, scores.correct, overlong, [True] * len(prompts), scores.metrics,
+        t_rollout - t0, time.perf_counter() - t_rollout, scores.answered, scores.correct_any_form,
+    )  # fmt: skip
+
+
 def collect_step(
     rollout_engine: RolloutEngine,
-    reward: RewardModel,
-    sampler: PromptSampler,
-    problems: tuple[list[list[int]], list[dict[str, Any]]],
+    reward: WeightedRewards,
+    source: PromptSource,
     settings: StepSettings,
-    how: Sampling,
     step_seed: int,
     ctx: DistContext,
     note: Callable[[str], None] | None = None,
 ) -> Collected:
-    """This rank's scored groups of a step, and the batch's data rows; `problems`: the training
-    set's (prompts, rows). `note` gets a line per round after the first (no silent refills);
-    GspoError when the rounds kept no group at all."""
-    prompts, rows = problems
+    """This rank's scored groups of a step, and the batch's data rows, drawn from `source` as
+    `settings.collection` says. `note` gets a line per round after the first (no silent
+    refills); GspoError when the rounds kept no group at all."""
+    how, prompts, rows = settings.collection, source.prompts, source.rows
     q = how.num_prompts
     q_local = q // ctx.world
     mine = range(ctx.rank * q_local, (ctx.rank + 1) * q_local)
     rounds: list[_Round] = []
     kept = 0
     for number in range(how.max_rounds if how.dynamic else 1):
-        index = sampler.next(q)  # the same on every rank
+        index = source.sampler.next(q)  # the same on every rank
         seed = round_seed(step_seed, number)
         scored = collect_groups(
             rollout_engine,
@@ -152,7 +182,7 @@ def collect_step(
         if kept >= q:
             break
     if kept == 0:  # the same on every rank: the flags were gathered
-        raise GspoError(nothing_kept(len(rounds), q))
+        raise GspoError(nothing_kept(len(rounds), how))
     return _assemble(rounds, q, ctx)
 
 
@@ -164,16 +194,17 @@ def round_line(number: int, max_rounds: int, kept: int, q: int) -> str:
     )
 
 
-def nothing_kept(rounds: int, q: int) -> str:
+def nothing_kept(rounds: int, how: CollectionSettings) -> str:
     """The error of a step whose rounds found no group with mixed rewards: it has nothing to
     train on, and a run where this happens most likely has a reward that cannot tell its
     completions apart."""
+    q = how.num_prompts
     return (
         f"dynamic sampling found no group with mixed rewards in {rounds} rounds of {q} prompts "
         f"(rollout.dynamic_sampling_max_rounds {rounds}): every group's rewards were equal, so "
         "the step has nothing to train on. Check that the reward tells completions apart "
         "(a constant reward, or prompts all too easy or too hard for the model), or raise "
-        f"rollout.dynamic_sampling_max_rounds (at most {MAX_DYNAMIC_SAMPLING_ROUNDS})"
+        f"rollout.dynamic_sampling_max_rounds (at most {how.round_limit})"
     )
 
 
