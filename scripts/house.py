@@ -18,7 +18,7 @@ low so that the recipe can check names; the classes stay where they belong).
 
 A function may pass MAX_FUNCTION_LINES only when its first comment line starts with
 LONG_FUNCTION_MARK and says why. Prints every finding and a summary line; with --strict exits 1
-when there is any (tests/unit/test_house.py holds the package at none).
+when there is any (tests/unit/repo/test_house.py holds the package at none).
 """
 
 from __future__ import annotations

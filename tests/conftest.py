@@ -1,5 +1,5 @@
 """Shared test fixtures: the shared benchmark folder (../shared). Plain helpers (the CLI
-runners, REPO, ...) live in tests/helpers.py."""
+runners, REPO, ...) live in tests/support/helpers.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.support.helpers import REPO
 
 SHARED = Path(os.environ.get("GSPO_SHARED", REPO.parent / "shared"))
 

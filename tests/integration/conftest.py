@@ -1,5 +1,5 @@
 """The tiny cold-started checkpoints the training tests share, each trained once per test run
-(tests/helpers.py: `cold_start`, keyed by the recipe's digest, shared by xdist workers)."""
+(tests/support/helpers.py: `cold_start`, keyed by the recipe's digest, shared by xdist workers)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TrainedRuns, cold_start, shared_once, shared_root, write_recipe
+from tests.support.helpers import TrainedRuns, cold_start, shared_once, shared_root, write_recipe
 
 TINY_COLD_START = {"cold_start": {"enabled": True, "steps": 200, "lr": 3e-3, "batch_size": 16}}
 

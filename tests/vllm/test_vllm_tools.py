@@ -22,7 +22,7 @@ from gspo_cli.rollout import EngineSpec, SamplingParams, make_rollout_engine
 from gspo_cli.runs.folder import COLD_START
 from gspo_cli.train.run.loop import run_sft_only
 from gspo_cli.train.step.train_batch import build_train_batch, check_sampled_ids
-from tests.helpers import write_recipe
+from tests.support.helpers import write_recipe
 
 TOOL_TASK = {
     "data": {"arithmetic": {"tool_rate": 1.0, "unboxed_rate": 0.0}},

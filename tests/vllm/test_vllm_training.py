@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tests.helpers import REPO, invoke_cli
+from tests.support.helpers import REPO, invoke_cli
 
 FORM_TASK = ("--set", "data.arithmetic.unboxed_rate=0.5", "--set", "data.arithmetic.slip_rate=0")
 
