@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -19,6 +19,8 @@ from gspo_cli.core.engine_catalogue import TRAIN_ENGINES, multi_process_engines
 from gspo_cli.core.errors import GspoError, Stopped
 from gspo_cli.core.registry import UnknownNameError
 from gspo_cli.recipe import Recipe, RecipeError, dump_recipe_yaml, load_recipe
+from gspo_cli.recipe.loader import recipe_from_overrides
+from gspo_cli.recipe.summary import summary_line
 from gspo_cli.runs.folder import COLD_START, HF_CONFIG, run_dir_of, write_error
 from gspo_cli.train.run.signals import (
     INTERRUPT_EXIT,
@@ -26,9 +28,6 @@ from gspo_cli.train.run.signals import (
     stop_message,
     stop_on_signals,
 )
-
-if TYPE_CHECKING:
-    pass
 
 app = typer.Typer(
     name="gspo",
@@ -49,34 +48,12 @@ SetOpt = Annotated[
 ]
 
 
-def _summary(recipe: Recipe) -> str:
-    from gspo_cli.algorithms import LOSS_SPECS
-
-    algo, rollout = recipe.algorithm, recipe.rollout
-    limits = f"clip {algo.clip_low:g}/{algo.clip_high:g}"
-    if not LOSS_SPECS.get(algo.name).hard_clip:
-        limits = f"gate tau {algo.sapo_tau_pos:g}/{algo.sapo_tau_neg:g}"
-    return (
-        f"{recipe.name}: {algo.name} ({limits}, "
-        f"{algo.loss_agg}), model {recipe.model.path}, data {recipe.data.source}, "
-        f"{recipe.trainer.steps} steps x {rollout.num_prompts} prompts x {rollout.group_size} "
-        f"samples, {algo.minibatches} minibatches, {_reward_limit(recipe)}"
-        + ("" if algo.distill is None else f", distilling from {algo.distill.teacher}")
-    )
-
-
-def _reward_limit(recipe: Recipe) -> str:
-    """reward.timeout_s is per completion: what that makes for a step, said once at start."""
-    per, n = recipe.reward.timeout_s, recipe.rollout.num_prompts * recipe.rollout.group_size
-    return f"reward limit {per:g} s per completion ({per * n:g} s for a step's {n})"
-
-
 @app.command()
 def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
     """Check a recipe; exit 0 with a summary or 2 with one line per problem."""
     resolved = load_recipe(recipe, set_)
     _check_lora(recipe, resolved, hub=False)
-    console.print(Text.assemble(("ok", "green"), f" {_summary(resolved)}"))
+    console.print(Text.assemble(("ok", "green"), f" {summary_line(resolved)}"))
 
 
 def _check_lora(file: Path, recipe: Recipe, *, hub: bool) -> None:
@@ -132,7 +109,7 @@ def train(
     from gspo_cli.train.engines.launch import says_summary
 
     if says_summary():  # once: not again in each rank that --nproc starts
-        console.print(Text.assemble(("gspo train", "bold"), f" {_summary(resolved)}"))
+        console.print(Text.assemble(("gspo train", "bold"), f" {summary_line(resolved)}"))
     stop_line = _stop_line(lambda: stop_message(run_dir, sys.argv[1:]))
     with stop_line, _writer(run_dir, "gspo train", resume):
         from gspo_cli.train.engines.launch import launch, rank_dies_with_launcher, under_launcher
@@ -170,6 +147,30 @@ def sft(recipe: RecipeArg, set_: SetOpt = None, out: OutOpt = None) -> None:
         run_sft_only(resolved, dump_recipe_yaml(resolved), run_dir=run_dir, console=console)
 
 
+# `gspo eval`'s options (the command's signature stays one line per flag).
+CheckpointArg = Annotated[
+    str, typer.Argument(help="HF checkpoint folder, .gguf file, run folder or builtin:NAME.")
+]
+BenchmarkOpt = Annotated[
+    str | None,
+    typer.Option(help="aime24, aime25, math500, gsm8k, livecodebench, codeforces, custom."),
+]
+TemperatureOpt = Annotated[float | None, typer.Option(help="Sampling temperature (default 0.6).")]
+TopPOpt = Annotated[float | None, typer.Option("--top-p", help="Nucleus sampling (default 0.95).")]
+MaxNewTokensOpt = Annotated[
+    int | None, typer.Option("--max-new-tokens", help="Response cap (default 1024).")
+]
+EvalDataOpt = Annotated[
+    str | None, typer.Option(help="Local file or folder with the benchmark's data.")
+]
+StandingsOpt = Annotated[str | None, typer.Option(help="CodeForces: CodeElo standings cache.")]
+EvalEngineOpt = Annotated[
+    str | None, typer.Option(help="Rollout engine: hf or vllm (default: the recipe's, or hf).")
+]
+EvalOutOpt = Annotated[Path | None, typer.Option(help="Output folder (default evals/BENCHMARK).")]
+EvalResumeOpt = Annotated[
+    bool, typer.Option("--resume", help="Skip problems already done in --out.")
+]
 EvalRecipeOpt = Annotated[
     Path | None,
     typer.Option(
@@ -189,42 +190,21 @@ PromptTemplateOpt = Annotated[
 
 @app.command("eval")
 def eval_(
-    checkpoint: Annotated[
-        str, typer.Argument(help="HF checkpoint folder, .gguf file, run folder or builtin:NAME.")
-    ],
-    benchmark: Annotated[
-        str | None,
-        typer.Option(help="aime24, aime25, math500, gsm8k, livecodebench, codeforces, custom."),
-    ] = None,
+    checkpoint: CheckpointArg,
+    benchmark: BenchmarkOpt = None,
     samples: Annotated[int | None, typer.Option(help="Samples per problem (k).")] = None,
-    temperature: Annotated[
-        float | None, typer.Option(help="Sampling temperature (default 0.6).")
-    ] = None,
-    top_p: Annotated[
-        float | None, typer.Option("--top-p", help="Nucleus sampling (default 0.95).")
-    ] = None,
-    max_new_tokens: Annotated[
-        int | None, typer.Option("--max-new-tokens", help="Response cap (default 1024).")
-    ] = None,
+    temperature: TemperatureOpt = None,
+    top_p: TopPOpt = None,
+    max_new_tokens: MaxNewTokensOpt = None,
     limit: Annotated[int | None, typer.Option(help="Only the first N problems.")] = None,
-    data: Annotated[
-        str | None, typer.Option(help="Local file or folder with the benchmark's data.")
-    ] = None,
+    data: EvalDataOpt = None,
     start: Annotated[str | None, typer.Option(help="LiveCodeBench: first contest date.")] = None,
     end: Annotated[str | None, typer.Option(help="LiveCodeBench: last contest date.")] = None,
-    standings: Annotated[
-        str | None, typer.Option(help="CodeForces: CodeElo standings cache.")
-    ] = None,
+    standings: StandingsOpt = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
-    engine: Annotated[
-        str | None, typer.Option(help="Rollout engine: hf or vllm (default: the recipe's, or hf).")
-    ] = None,
-    out: Annotated[
-        Path | None, typer.Option(help="Output folder (default evals/BENCHMARK).")
-    ] = None,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Skip problems already done in --out.")
-    ] = False,
+    engine: EvalEngineOpt = None,
+    out: EvalOutOpt = None,
+    resume: EvalResumeOpt = False,
     recipe: EvalRecipeOpt = None,
     prompt_template: PromptTemplateOpt = None,
     set_: SetOpt = None,
@@ -233,7 +213,7 @@ def eval_(
     from gspo_cli.eval.runner import run_eval
     from gspo_cli.sandbox.isolation import allow_weak_isolation
 
-    resolved = load_recipe(recipe, set_) if recipe else _recipe_from_overrides(set_)
+    resolved = load_recipe(recipe, set_) if recipe else recipe_from_overrides(set_)
     flags = {
         "benchmark": benchmark,
         "samples": samples,
@@ -333,17 +313,6 @@ def _stop_line(message: Callable[[], str]) -> Iterator[None]:
         if "LOCAL_RANK" not in os.environ:
             err_console.print(message(), highlight=False, soft_wrap=True, markup=False)
         raise typer.Exit(code) from None
-
-
-def _recipe_from_overrides(overrides: list[str] | None) -> Recipe:
-    """Defaults and `--set KEY=VALUE` overrides (eval.*, reward.num_workers...), no recipe file."""
-    from gspo_cli.recipe import apply_override
-    from gspo_cli.recipe.loader import validate_recipe
-
-    raw: dict[str, object] = {}
-    for override in overrides or []:
-        apply_override(raw, override, "--set")
-    return validate_recipe(raw, "--set")
 
 
 def _quiet_libraries() -> None:

@@ -17,8 +17,8 @@ from gspo_cli.compare.report import remove_stale_plots, write_reports
 from gspo_cli.compare.runs import Problems, Run, load_runs
 from gspo_cli.compare.seeds import group_runs
 from gspo_cli.compare.series import HELDOUT, HELDOUT_FORMS, RATIO_SPREAD, X_LABELS, X_SOURCES
-from gspo_cli.compare.stats import compare
-from gspo_cli.compare.table import build_rows, rich_table
+from gspo_cli.compare.stats import Comparison, compare
+from gspo_cli.compare.table import Row, build_rows, rich_table
 from gspo_cli.runs.folder import RECIPE
 
 __all__ = ["DEFAULT_OUT", "compare_runs"]
@@ -97,16 +97,7 @@ def compare_runs(
     run, or an unwritable out folder return 2.
     """
     problems = Problems(console)
-    if x not in X_LABELS:
-        problems.error("--x", f"unknown axis {x!r}; choose one of: {', '.join(X_LABELS)}")
-        return EXIT_NOTHING
-    if smooth < 1:
-        problems.error("--smooth", f"the window must be at least 1 step, got {smooth}")
-        return EXIT_NOTHING
-    missing = [path for path in run_dirs if not path.exists()]
-    for path in missing:  # a mistyped path: refused, not compared without it
-        problems.error(path, "no such folder (check the path); nothing compared")
-    if missing:
+    if not _usable_arguments(run_dirs, x, smooth, problems):
         return EXIT_NOTHING
     runs, base = load_runs(run_dirs, baseline, problems)
     if not runs or base is None:
@@ -122,13 +113,8 @@ def compare_runs(
     rows = build_rows(cmp)
     console.print(rich_table(cmp, rows))
     out_dir = Path(out) if out is not None else DEFAULT_OUT
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        remove_stale_plots(out_dir)
-        plots = write_plots(cmp, out_dir)
-        write_reports(cmp, rows, plots, problems.lines, out_dir)
-    except OSError as exc:
-        problems.error(out_dir, f"cannot write the comparison ({exc.strerror or exc})")
+    plots = _write_outputs(cmp, rows, out_dir, problems)
+    if plots is None:
         return EXIT_NOTHING
     console.print(
         f"wrote {len(plots)} plot(s), summary.md and summary.json to {out_dir}",
@@ -136,3 +122,33 @@ def compare_runs(
         markup=False,
     )
     return EXIT_OK
+
+
+def _usable_arguments(run_dirs: list[Path], x: str, smooth: int, problems: Problems) -> bool:
+    """Whether --x, --smooth and the folders given can be used; each refusal is one line."""
+    if x not in X_LABELS:
+        problems.error("--x", f"unknown axis {x!r}; choose one of: {', '.join(X_LABELS)}")
+        return False
+    if smooth < 1:
+        problems.error("--smooth", f"the window must be at least 1 step, got {smooth}")
+        return False
+    missing = [path for path in run_dirs if not path.exists()]
+    for path in missing:  # a mistyped path: refused, not compared without it
+        problems.error(path, "no such folder (check the path); nothing compared")
+    return not missing
+
+
+def _write_outputs(
+    cmp: Comparison, rows: list[Row], out_dir: Path, problems: Problems
+) -> list[Path] | None:
+    """The plots and summary files in `out_dir` (stale plots removed first); the plots written,
+    or None when the folder cannot be written (one line)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_plots(out_dir)
+        plots = write_plots(cmp, out_dir)
+        write_reports(cmp, rows, plots, problems.lines, out_dir)
+    except OSError as exc:
+        problems.error(out_dir, f"cannot write the comparison ({exc.strerror or exc})")
+        return None
+    return plots

@@ -148,14 +148,34 @@ def _axis_point(cmp: Comparison) -> str:
 
 
 def row_specs(cmp: Comparison) -> list[RowSpec]:
-    """Every candidate row, in display order."""
-    points = "{:+.1f} pts"
+    """Every candidate row, in display order: the runs' settings and health, rewards, held-out
+    curves and evaluations, training dynamics, then any other --metrics asked for."""
     specs = [
+        *_run_rows(),
+        *_reward_rows(cmp),
+        *_heldout_rows(cmp),
+        *_dynamics_rows(),
+    ]
+    standard = {s.metric for s in specs} | {"clip_frac_low", "clip_frac_high"}
+    extra = [m for m in cmp.metrics or [] if m not in standard]
+    specs += [RowSpec(f"mean {m}", m, _fmt("{:.4g}", f"{m}_mean")) for m in extra]
+    return specs
+
+
+def _run_rows() -> list[RowSpec]:
+    """What each run is and how it went: algorithm, model, seeds, progress, stability."""
+    return [
         RowSpec("algorithm", None, _algorithm, shared=True),
         RowSpec("model", None, lambda r: str(r.stats["model"]), shared=True),
         RowSpec("seeds", None, lambda r: None, group_cell=lambda g: ", ".join(map(str, g.seeds))),
         RowSpec("steps done/planned", None, _steps, shared=True),
         RowSpec("stability", None, lambda r: verdict_text(r.issues), group_cell=stability_text),
+    ]
+
+
+def _reward_rows(cmp: Comparison) -> list[RowSpec]:
+    """The training reward: final, best, at the common x point, and each reward function's."""
+    specs = [
         RowSpec("final reward", "reward_mean", _fmt("{:.3f}", "final_reward"), "final_reward"),
         RowSpec(
             "best reward",
@@ -170,9 +190,15 @@ def row_specs(cmp: Comparison) -> list[RowSpec]:
         specs.append(RowSpec(label, "reward_mean", cell, "reward_at_common_x"))
     for key in cmp.reward_keys:  # each reward function's own curve, as the total's final
         specs.append(RowSpec(f"final {key}", key, _fmt("{:.3f}", f"{key}_final"), f"{key}_final"))
-    specs.append(
+    return specs
+
+
+def _heldout_rows(cmp: Comparison) -> list[RowSpec]:
+    """Held-out accuracy, its answer forms and judges, and the evaluations the runs hold."""
+    points = "{:+.1f} pts"
+    specs = [
         RowSpec("held-out acc first → last", "heldout_accuracy", _heldout, "heldout_last", points)
-    )
+    ]
     for key, label in HELDOUT_FORM_ROWS:  # form and substance: docs/evaluation.md
         specs.append(RowSpec(label, key, _first_last(key), f"{key}_last", points))
     for key, prefix in JUDGES:  # judge hacking shows as these two parting ways
@@ -180,7 +206,13 @@ def row_specs(cmp: Comparison) -> list[RowSpec]:
         specs.append(RowSpec(label, key, _first_last(prefix, "{:.3f}"), f"{prefix}_last"))
     labels = dict.fromkeys(label for r in cmp.reports for label in r.stats["eval"])
     specs += [RowSpec(f"eval {lb}", "eval", _eval_cell(lb), f"eval:{lb}") for lb in labels]
-    specs += [
+    return specs
+
+
+def _dynamics_rows() -> list[RowSpec]:
+    """How training moved: clipping, ratios, entropy, routing, the engines' mismatch, tool
+    calls, throughput and MFU."""
+    return [
         RowSpec("clip fraction", "clip_frac", _clip, "clip_frac_mean", "{:+.2f} pts"),
         RowSpec("seq-ratio spread", "ratio_spread", _fmt("{:.4g}", "ratio_spread_mean")),
         RowSpec("entropy mean (first → last)", "entropy", _entropy),
@@ -220,10 +252,6 @@ def row_specs(cmp: Comparison) -> list[RowSpec]:
         ),
         RowSpec("MFU rollout / train", "mfu_train", _mfu),
     ]
-    standard = {s.metric for s in specs} | {"clip_frac_low", "clip_frac_high"}
-    extra = [m for m in cmp.metrics or [] if m not in standard]
-    specs += [RowSpec(f"mean {m}", m, _fmt("{:.4g}", f"{m}_mean")) for m in extra]
-    return specs
 
 
 def _delta_text(spec: RowSpec, report: RunReport, cmp: Comparison) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 
 from gspo_cli.core.errors import GspoError
 from gspo_cli.core.registry import Registry
+from gspo_cli.data.code_rows import parse_codeforces, parse_livecodebench
 from gspo_cli.data.files import HubSource, data_files, load_hub_rows, read_file_rows
 from gspo_cli.data.problems import (
     CUSTOM_FIELDS,
@@ -35,10 +36,8 @@ from gspo_cli.data.problems import (
     Problem,
     RowParser,
     parse_aime,
-    parse_codeforces,
     parse_custom,
     parse_gsm8k,
-    parse_livecodebench,
     parse_math500,
 )
 

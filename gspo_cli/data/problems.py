@@ -1,4 +1,5 @@
-"""The uniform problem record and the row parsers that build it from each data format.
+"""The uniform problem record, the cell readers every row parser shares, and the parsers of
+the maths benchmarks' rows and of custom rows (the code benchmarks' are data/code_rows.py).
 
 Every parser takes one data row (a dict, after column renaming) and its position, and returns a
 `Problem`; a row it cannot use raises ValueError, which the loader turns into a GspoError naming
@@ -7,7 +8,6 @@ the file and row.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -15,7 +15,7 @@ from datetime import date, datetime
 from typing import Any, Literal
 
 from gspo_cli.data.formats import SOLUTION_KEY, split_conversation
-from gspo_cli.data.testcases import TestCase, merge_tests, parse_tests
+from gspo_cli.data.testcases import TestCase, parse_tests
 
 Kind = Literal["math", "code"]
 
@@ -58,14 +58,15 @@ def first(row: Mapping[str, Any], *names: str) -> Any:
     return None
 
 
-def _text(row: Mapping[str, Any], *names: str) -> str:
+def text_of(row: Mapping[str, Any], *names: str) -> str:
+    """The non-blank text of the first of `names` present; ValueError naming them when none."""
     value = first(row, *names)
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"no text in any of the columns {list(names)}; has {sorted(row)}")
     return value
 
 
-def _level(value: Any) -> str | None:
+def level_of(value: Any) -> str | None:
     """A difficulty as text: 2.0 -> "2", "Level 3" -> "3", "easy" stays "easy"."""
     if value is None or value == "":
         return None
@@ -75,7 +76,7 @@ def _level(value: Any) -> str | None:
     return match.group(1) if match else str(value)
 
 
-def _to_date(value: Any) -> date | None:
+def date_of(value: Any) -> date | None:
     """A contest date from an ISO string ("2023-08-21T00:00:00"), a datetime or a date."""
     if value is None or value == "":
         return None
@@ -89,12 +90,17 @@ def _to_date(value: Any) -> date | None:
         raise ValueError(f"contest date {value!r} is not an ISO date") from None
 
 
-def _rating(value: Any) -> int | None:
+def rating_of(value: Any) -> int | None:
     """A problem rating; 0 / missing means unknown (deepmind/code_contests uses 0)."""
     if value is None or value == "":
         return None
     rating = int(value)
     return rating if rating > 0 else None
+
+
+def extra_of(row: Mapping[str, Any], *names: str) -> dict[str, Any]:
+    """The fields of `names` that `row` fills: a problem's metadata."""
+    return {n: row[n] for n in names if row.get(n) not in (None, "")}
 
 
 # ----------------------------------------------------------------------------- maths
@@ -131,15 +137,11 @@ def parse_aime(row: Mapping[str, Any], index: int, benchmark: str) -> Problem:
         id=_aime_id(row, index, benchmark),
         benchmark=benchmark,
         kind="math",
-        question=_text(row, "question", "problem", "Problem"),
+        question=text_of(row, "question", "problem", "Problem"),
         answer=aime_answer(first(row, "answer", "Answer")),
-        difficulty=_level(row.get("difficulty")),
-        metadata=_extra(row, "solution", "url", "year"),
+        difficulty=level_of(row.get("difficulty")),
+        metadata=extra_of(row, "solution", "url", "year"),
     )
-
-
-def _extra(row: Mapping[str, Any], *names: str) -> dict[str, Any]:
-    return {n: row[n] for n in names if row.get(n) not in (None, "")}
 
 
 def _math_subject(row: Mapping[str, Any]) -> str | None:
@@ -156,14 +158,14 @@ def parse_math500(row: Mapping[str, Any], index: int, benchmark: str) -> Problem
     if answer is None or str(answer).strip() == "":
         raise ValueError("no answer")
     subject = _math_subject(row)
-    meta = _extra(row, "solution") | ({"subject": subject} if subject else {})
+    meta = extra_of(row, "solution") | ({"subject": subject} if subject else {})
     return Problem(
         id=str(first(row, "unique_id", "id") or f"{benchmark}-{index}"),
         benchmark=benchmark,
         kind="math",
-        question=_text(row, "problem", "question"),
+        question=text_of(row, "problem", "question"),
         answer=str(answer),
-        difficulty=_level(first(row, "level", "difficulty")),
+        difficulty=level_of(first(row, "level", "difficulty")),
         metadata=meta,
     )
 
@@ -181,149 +183,16 @@ def gsm8k_answer(text: str) -> tuple[str, str]:
 
 def parse_gsm8k(row: Mapping[str, Any], index: int, benchmark: str) -> Problem:
     """GSM8K rows: question and the answer after "####" (thousands separators removed)."""
-    final, solution = gsm8k_answer(_text(row, "answer"))
+    final, solution = gsm8k_answer(text_of(row, "answer"))
     raw_id = first(row, "idx", "id")
     return Problem(
         id=str(raw_id) if raw_id is not None else f"{benchmark}-{index}",
         benchmark=benchmark,
         kind="math",
-        question=_text(row, "question", "problem"),
+        question=text_of(row, "question", "problem"),
         answer=final,
         metadata={"solution": solution} if solution else {},
     )
-
-
-# ----------------------------------------------------------------------------- LiveCodeBench
-
-_LCB_QUESTION = re.compile(r"### Question:\n(.*?)\n\n### Format:", re.S)
-_LCB_STARTER = re.compile(
-    r"### Format: You will use the following starter code.*?\n```python\n(.*?)\n```\n\n### Answer:",
-    re.S,
-)
-
-
-def split_lcb_prompt(prompt: str) -> tuple[str, str]:
-    """(question, starter code) recovered from a prompt in the LiveCodeBench format."""
-    match = _LCB_QUESTION.search(prompt)
-    if not match:
-        raise ValueError("prompt is not in the LiveCodeBench '### Question:' format")
-    starter = _LCB_STARTER.search(prompt)
-    return match.group(1), starter.group(1) if starter else ""
-
-
-def _lcb_hub_tests(row: Mapping[str, Any]) -> tuple[TestCase, ...]:
-    """public_test_cases + private_test_cases (JSON or compressed), fn_name from metadata."""
-    meta = row.get("metadata") or {}
-    meta = json.loads(meta) if isinstance(meta, str) else meta
-    parts = [parse_tests(row["public_test_cases"])]
-    if row.get("private_test_cases"):
-        parts.append(parse_tests(row["private_test_cases"]))
-    return merge_tests(*parts, fn_name=meta.get("func_name") or None)
-
-
-def _lcb_fields(row: Mapping[str, Any]) -> tuple[str, str, str, tuple[TestCase, ...]]:
-    """(id, question, starter code, tests) from any of the three LCB row shapes."""
-    if "question_content" in row:  # the hub / lcb_runner release files
-        qid = str(first(row, "question_id", "id"))
-        starter = str(row.get("starter_code") or "")
-        return qid, _text(row, "question_content"), starter, _lcb_hub_tests(row)
-    labels = row.get("labels") or {}
-    labels = json.loads(labels) if isinstance(labels, str) else labels
-    qid = str(first(row, "task_id") or labels.get("task_id") or first(row, "id"))
-    question, starter = split_lcb_prompt(_text(row, "content", "prompt"))
-    tests = tuple(parse_tests(row.get("test", row)))  # SandboxFusion, or the decoded copy
-    return qid, question, starter, tests
-
-
-def parse_livecodebench(row: Mapping[str, Any], index: int, benchmark: str) -> Problem:
-    """LiveCodeBench rows: hub release files, SandboxFusion samples or their decoded copy."""
-    qid, question, starter, tests = _lcb_fields(row)
-    labels = row.get("labels") or {}
-    labels = json.loads(labels) if isinstance(labels, str) else labels
-    platform = first(row, "platform", "category") or labels.get("category")
-    return Problem(
-        id=qid,
-        benchmark=benchmark,
-        kind="code",
-        question=question,
-        tests=tests,
-        starter_code=starter,
-        contest_date=_to_date(row.get("contest_date")),
-        difficulty=_level(first(row, "difficulty") or labels.get("difficulty")),
-        platform=str(platform) if platform else None,
-        metadata=_extra(row, "question_title", "contest_id"),
-    )
-
-
-# ----------------------------------------------------------------------------- Codeforces
-
-# deepmind/code_contests enums (source); the SandboxFusion copy spells them out.
-_CC_SOURCES = {1: "codechef", 2: "codeforces", 3: "hackerearth", 4: "codejam", 5: "atcoder"}
-_LIMITS = re.compile(r"Time Limit: (\d+) ms\s*\nMemory Limit: (\d+) MB")
-
-
-def _code_contests_id(name: str, platform: str) -> tuple[str, str | None]:
-    """("codeforces/1000_A", "A") from "1000_A. Codehorses T-shirts"; other sources keep name."""
-    match = re.match(r"(\d+)_([A-Z]\d?)\. ", name)
-    if platform == "codeforces" and match:
-        return f"codeforces/{match.group(1)}_{match.group(2)}", match.group(2)
-    return f"{platform}/{name.strip()}", None
-
-
-def _parse_code_contests(row: Mapping[str, Any], benchmark: str) -> Problem:
-    if "labels" in row:  # SandboxFusion: statement in content, JSON labels and tests
-        labels = row["labels"]
-        labels = json.loads(labels) if isinstance(labels, str) else labels
-        platform, name = str(labels.get("source", "")).lower(), str(labels.get("name", ""))
-        question, tests = _text(row, "content"), tuple(parse_tests(row["test"]))
-        difficulty, rating = labels.get("difficulty"), None
-    else:  # deepmind/code_contests: public + private + generated tests, CF metadata
-        platform = _CC_SOURCES.get(int(row.get("source") or 0), "unknown")
-        name, question = str(row["name"]), _text(row, "description")
-        keys = ("public_tests", "private_tests", "generated_tests")
-        tests = merge_tests(*(parse_tests(row[k]) for k in keys if row.get(k)))
-        difficulty, rating = row.get("cf_index"), _rating(row.get("cf_rating"))
-    pid, index = _code_contests_id(name, platform)
-    return Problem(
-        id=pid,
-        benchmark=benchmark,
-        kind="code",
-        question=question,
-        tests=tests,
-        difficulty=_level(index or difficulty),
-        rating=rating,
-        platform=platform,
-        metadata={"name": name, "source": "code_contests"},
-    )
-
-
-def _parse_codeelo(row: Mapping[str, Any], index: int, benchmark: str) -> Problem:
-    """rllm's CodeElo copy: statement (with tags and limits) and sample tests only."""
-    question = _text(row, "problem")
-    meta: dict[str, Any] = {"source": "codeelo", "sample_tests_only": True}
-    limits = _LIMITS.search(question)
-    if limits:
-        meta["time_limit_s"] = int(limits.group(1)) / 1000
-        meta["memory_limit_mb"] = int(limits.group(2))
-    return Problem(
-        id=str(row.get("id") or f"codeelo-{index}"),
-        benchmark=benchmark,
-        kind="code",
-        question=question.strip(),
-        tests=tuple(parse_tests(row["tests"])),
-        rating=_rating(row.get("rating")),
-        platform="codeforces",
-        metadata=meta,
-    )
-
-
-def parse_codeforces(row: Mapping[str, Any], index: int, benchmark: str) -> Problem:
-    """Codeforces-style rows: CodeContests (SandboxFusion or deepmind) or rllm's CodeElo copy."""
-    if "problem" in row and "tests" in row:
-        return _parse_codeelo(row, index, benchmark)
-    if "labels" in row or "public_tests" in row:
-        return _parse_code_contests(row, benchmark)
-    raise ValueError(f"not a CodeContests or CodeElo row; has {sorted(row)}")
 
 
 # ----------------------------------------------------------------------------- custom
@@ -359,9 +228,9 @@ def parse_custom(row: Mapping[str, Any], index: int, benchmark: str) -> Problem:
         answer=None if tests is not None else str(answer),
         tests=tests,
         starter_code=str(row.get("starter_code") or ""),
-        contest_date=_to_date(row.get("contest_date")),
-        difficulty=_level(row.get("difficulty")),
-        rating=_rating(row.get("rating")),
+        contest_date=date_of(row.get("contest_date")),
+        difficulty=level_of(row.get("difficulty")),
+        rating=rating_of(row.get("rating")),
         metadata={} if target is None else {SOLUTION_KEY: target},
         messages=turns,
     )
@@ -377,11 +246,11 @@ def _custom_question(
     such as NuminaMath-CoT ship both: the worked `messages` are not the question)."""
     question = first(row, *QUESTION_COLUMNS)
     if isinstance(question, str) or (question is None and row.get("messages") is None):
-        return _text(row, *QUESTION_COLUMNS), None, None  # `_text` says what is missing
+        return text_of(row, *QUESTION_COLUMNS), None, None  # `_text` says what is missing
     value = question if question is not None else row["messages"]
     prompt, target = split_conversation(value)
     if isinstance(prompt, str):  # a `messages` column that holds text: a plain question
-        return _text({"messages": prompt}, "messages"), None, None
+        return text_of({"messages": prompt}, "messages"), None, None
     return _last_user_turn(prompt), tuple(prompt), target
 
 

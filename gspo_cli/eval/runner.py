@@ -1,8 +1,9 @@
-"""`gspo eval`: sample k responses per problem, judge them, and report metrics with intervals.
+"""`gspo eval`: sample k responses per problem, judge them (eval/generation.py), and report
+metrics with intervals.
 
 The run is resumable: each finished problem is appended to `samples.jsonl` (fsynced) and a rerun
 with `resume=True` skips it. `results.json` is written atomically at the end. The output folder
-has one writer at a time (run_folder.one_writer); progress goes to stderr (eval/progress.py).
+has one writer at a time (runs/lock.py); progress goes to stderr (eval/progress.py).
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ from rich.table import Table
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gspo_cli.core.errors import GspoError
-from gspo_cli.data import render_prompt
 from gspo_cli.data.benchmarks import build_prompt, load_benchmark
 from gspo_cli.data.problems import Problem
-from gspo_cli.data.prompts import IDENTITY, PLAIN, PromptFormat, PromptSettings
+from gspo_cli.data.prompts import IDENTITY, PromptFormat, PromptSettings
 from gspo_cli.eval.checkpoints import load_for_eval, resolve_checkpoint
 from gspo_cli.eval.codeelo import load_standings_cache
+from gspo_cli.eval.generation import generate_and_judge
 from gspo_cli.eval.progress import EvalProgress
-from gspo_cli.eval.scoring import SampleVerdicts, score_samples
 from gspo_cli.eval.summary import codeforces_elo, summarize
 from gspo_cli.models.loading import convert_first
 from gspo_cli.rewards.math_verifier import MathVerifierPool
@@ -44,8 +44,6 @@ from gspo_cli.runs.folder import (
     write_text_atomic,
 )
 from gspo_cli.runs.marker import EVAL, owned_folder
-
-SEQUENCES_PER_BATCH = 64  # problems x samples per generate call: bounds memory on small machines
 
 # Builds the rollout engine from the loaded policy; another backend (or a scripted one) plugs in
 EngineFactory = Callable[[PreTrainedModel, PreTrainedTokenizerBase], RolloutEngine]
@@ -208,103 +206,6 @@ def _registered_engine(settings: EvalSettings) -> EngineFactory:
         return make_rollout_engine(settings.engine, spec)
 
     return build
-
-
-def generate_and_judge(
-    engine: RolloutEngine,
-    tokenizer: Any,
-    problems: list[Problem],
-    params: SamplingParams,
-    seed: int,
-    *,
-    math_pool: MathVerifierPool,
-    prompt_for: Callable[[Problem], str] = build_prompt,
-    prompt_format: PromptSettings = PLAIN,
-    on_done: Callable[[dict[str, Any]], None] | None = None,
-    skip: set[str] | None = None,
-    tools: list[dict[str, Any]] | None = None,
-) -> list[dict[str, Any]]:
-    """Sample `params.num_samples` responses per problem and judge them, in bounded batches.
-
-    Each prompt is `prompt_for(problem)` (a conversation: its `messages`), rendered with
-    `prompt_format` (data/prompts.py).
-
-    The one code path for `gspo eval` and for periodic evaluation during training. Batches are
-    fixed slices of the full problem list, each sampled on a forked RNG seeded by its position:
-    a resumed run (`skip` = ids already done) regenerates a partly done batch identically and
-    records only its missing problems, and evaluating never changes a training run's RNG.
-    """
-    per_batch = max(1, SEQUENCES_PER_BATCH // params.num_samples)
-    skip = skip or set()
-    records: list[dict[str, Any]] = []
-    for start in range(0, len(problems), per_batch):
-        batch = problems[start : start + per_batch]
-        if all(p.id in skip for p in batch):
-            continue
-        prompts = [
-            render_prompt(
-                tokenizer,
-                list(p.messages) if p.messages is not None else prompt_for(p),
-                prompt_format,
-                f"{p.benchmark}: problem {p.id}",
-                tools=tools,
-            )
-            for p in batch
-        ]
-        records_of_batch = _evaluate_batch(engine, batch, prompts, params, seed + start, math_pool)
-        for record in records_of_batch:
-            if record["id"] in skip:
-                continue
-            records.append(record)
-            if on_done is not None:
-                on_done(record)
-    return records
-
-
-def _evaluate_batch(
-    engine: RolloutEngine,
-    batch: list[Problem],
-    prompts: list[list[int]],
-    params: SamplingParams,
-    seed: int,
-    math_pool: MathVerifierPool,
-) -> list[dict[str, Any]]:
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        rollout = engine.generate(prompts, params)
-    k = params.num_samples
-    records = []
-    for i, problem in enumerate(batch):
-        texts = rollout.texts[i * k : (i + 1) * k]
-        verdicts = score_samples(problem, texts, math_pool=math_pool)
-        records.append(
-            {
-                "id": problem.id,
-                "rating": problem.rating,
-                "completions": texts,
-                "answers": verdicts.answers,
-                "verdicts": verdicts.verdicts,
-                "correct": verdicts.correct,
-                "answered": verdicts.answered,
-                **_form_fields(verdicts),
-                "lengths": [len(c) for c in rollout.completion_ids[i * k : (i + 1) * k]],
-                "truncated": rollout.truncated[i * k : (i + 1) * k],
-            }
-        )
-        if rollout.tool_traces is not None:  # rollout.tools: the calls each sample made
-            records[-1]["tool_calls"] = [t.calls for t in rollout.tool_traces[i * k : (i + 1) * k]]
-    return records
-
-
-def _form_fields(verdicts: SampleVerdicts) -> dict[str, list[Any]]:
-    """A record's per-sample answer forms: maths' forms and any-form correctness, code's
-    clean runs (eval/scoring.py)."""
-    fields = {
-        "forms": verdicts.forms,
-        "correct_any_form": verdicts.correct_any_form,
-        "ran_clean": verdicts.ran_clean,
-    }
-    return {key: value for key, value in fields.items() if value is not None}
 
 
 def _prepare_out(out: Path, settings: EvalSettings, resume: bool) -> dict[str, dict[str, Any]]:

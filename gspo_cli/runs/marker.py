@@ -35,10 +35,10 @@ from gspo_cli.runs.folder import (
     RUN_MARKER,
     SAMPLES,
     SETTINGS,
-    one_writer,
     write_error,
     write_text_atomic,
 )
+from gspo_cli.runs.lock import one_writer
 
 RUN = "run"  # a training run folder (train, sft)
 EVAL = "eval"  # an eval output folder

@@ -4,11 +4,8 @@ Nothing of a run touches the host disk under bwrap and unshare: the spec and the
 reach the harness (harness/runner.py) as memfds, and the box is a size-limited tmpfs in the
 sandbox's own mount namespace, gone with it. The rlimits mode uses a host folder (on /dev/shm
 when a memory cgroup counts it), removed by a cleanup that cannot fail. The verdict comes back
-on a pipe held only by the harness's trusted checker process.
-
-Ending a run: the pid namespace's init is killed (the kernel then kills everything in it),
-the run's cgroup is emptied, and only the rlimits mode without a cgroup still scans /proc (by
-real uid, or for the run's marker).
+on a pipe held only by the harness's trusted checker process. Ending the run, whatever it
+started, is sandbox/ending.py's.
 """
 
 from __future__ import annotations
@@ -16,12 +13,10 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib
-import json
 import marshal
 import os
 import secrets
 import selectors
-import signal
 import subprocess
 import tempfile
 import time
@@ -34,6 +29,7 @@ from typing import Any
 from gspo_cli.core.workers import die_with_parent_argv
 from gspo_cli.sandbox import cleanup
 from gspo_cli.sandbox.cgroups import RunGroup, run_group
+from gspo_cli.sandbox.ending import end_run
 from gspo_cli.sandbox.isolation import (
     box_path,
     checked_mode,
@@ -225,14 +221,7 @@ def _launch(
     check_fd = _memfd("check", check.encode())  # for the checker only, read after the fork
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     info_r, info_w = os.pipe2(os.O_CLOEXEC) if iso == "bwrap" else (-1, -1)
-    # setpriv --pdeathsig: the wrapper dies with this thread, so a killed trainer leaves no
-    # sandbox behind (the harness asks again after it drops privileges).
-    argv = [
-        *die_with_parent_argv(),
-        *wrapper_command(iso, limits.disk_mb, info_w if info_w >= 0 else None),
-    ]
-    argv += [child_python(), "-I", "-B", "-X", "utf8", runner_path(iso)]
-    argv += [str(spec_fd), str(status_w), str(check_fd), marker]
+    argv = _command(iso, limits, info_w, [spec_fd, status_w, check_fd], marker)
     passed = [spec_fd, status_w, check_fd, *spec["cgroup_fds"]]
     passed += [info_w] if info_w >= 0 else []
     start = time.monotonic()
@@ -257,10 +246,34 @@ def _launch(
         deadline = start + limits.time_limit_s + STARTUP_GRACE_S
         collected = _collect(proc, status_r, deadline, limits.output_limit_bytes)
     finally:
-        _end_run(proc, iso, info_r, group, spec["uid"], marker)
+        end_run(proc, iso, info_r, group, spec["uid"], marker)
         os.close(status_r)
         if info_r >= 0:
             os.close(info_r)
+    return _outcome(proc, collected, limits, start, group)
+
+
+def _command(iso: str, limits: Limits, info_w: int, fds: list[int], marker: str) -> list[str]:
+    """The wrapper (bwrap, unshare or none) around the harness, given the spec, status and
+    check descriptors (`fds`) and the run's marker."""
+    # setpriv --pdeathsig: the wrapper dies with this thread, so a killed trainer leaves no
+    # sandbox behind (the harness asks again after it drops privileges).
+    argv = [
+        *die_with_parent_argv(),
+        *wrapper_command(iso, limits.disk_mb, info_w if info_w >= 0 else None),
+    ]
+    argv += [child_python(), "-I", "-B", "-X", "utf8", runner_path(iso)]
+    return [*argv, *map(str, fds), marker]
+
+
+def _outcome(
+    proc: subprocess.Popen[bytes],
+    collected: tuple[bytearray, bytearray, bytearray, bool, bool],
+    limits: Limits,
+    start: float,
+    group: RunGroup | None,
+) -> RunOutcome:
+    """What the ended run did, from what `_collect` read."""
     out, err, status, timed_out, limited = collected
     return RunOutcome(
         stdout=bytes(out[: limits.output_limit_bytes]),
@@ -321,74 +334,3 @@ def _collect(
                 if len(err) > 2 * STDERR_TAIL:
                     del err[:-STDERR_TAIL]
     return out, err[-STDERR_TAIL:], status, False, False
-
-
-def _end_run(
-    proc: subprocess.Popen[bytes],
-    iso: str,
-    info_r: int,
-    group: RunGroup | None,
-    uid: int | None,
-    marker: str,
-) -> None:
-    """Kill everything the run started, through its pid namespace and its cgroup."""
-    if iso == "bwrap":
-        if proc.poll() is None:  # else bwrap has reaped its pid 1: that pid may be reused
-            _kill_bwrap_init(info_r)
-    elif iso == "unshare":
-        _signal_group(proc, signal.SIGTERM)  # pid 1 exits on it; the kernel kills the rest
-    else:
-        _signal_group(proc, signal.SIGKILL)
-    if group is not None:
-        group.kill()
-    try:
-        proc.wait(timeout=2)
-    except subprocess.TimeoutExpired:
-        _signal_group(proc, signal.SIGKILL)
-        proc.wait()
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            stream.close()
-    if iso == "rlimits" and group is None:
-        for _ in range(200):  # no namespace, no cgroup: find what escaped the process group
-            if not (cleanup.kill_by_uid(uid) if uid is not None else _kill_marked(marker)):
-                break
-            time.sleep(0.005)
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
-def _kill_bwrap_init(info_r: int) -> None:
-    """SIGKILL the sandbox's pid 1 (its pid is on bwrap's info fd); bwrap then exits once the
-    kernel has killed the whole pid namespace, so waiting for bwrap waits for all of it."""
-    os.set_blocking(info_r, False)
-    try:
-        info = json.loads(os.read(info_r, 4096) or b"{}")
-    except (BlockingIOError, ValueError):
-        return
-    pid = info.get("child-pid") if isinstance(info, dict) else None
-    if isinstance(pid, int) and pid > 1:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _kill_marked(marker: str) -> int:
-    """Kill live processes whose argv carries the run's marker; returns how many were found."""
-    found = 0
-    needle = marker.encode()
-    for proc_dir in Path("/proc").iterdir():
-        if not proc_dir.name.isdigit():
-            continue
-        try:
-            if needle not in (proc_dir / "cmdline").read_bytes():
-                continue
-            if (proc_dir / "stat").read_bytes().rsplit(b")", 1)[1][1:2] == b"Z":
-                continue
-            os.kill(int(proc_dir.name), signal.SIGKILL)
-            found += 1
-        except (OSError, IndexError):
-            continue  # it exited while we looked
-    return found

@@ -285,7 +285,7 @@ def write_recipe(folder: Path, overrides: dict[str, Any]) -> Path:
 HOLDER = """
 import os, sys, time
 from pathlib import Path
-from gspo_cli.runs.folder import one_writer
+from gspo_cli.runs.lock import one_writer
 with one_writer(Path(sys.argv[1]), "gspo train"):
     if sys.argv[2] == "fork":
         ready, running = os.pipe()

@@ -14,13 +14,9 @@ from gspo_cli.core.errors import GspoError
 from gspo_cli.rollout.tool_settings import ToolSettings
 from gspo_cli.rollout.tools.base import ToolFormat
 from gspo_cli.rollout.tools.chat_template import ChatTemplateFormat, check_prefix_preserving
-from gspo_cli.rollout.tools.functions import (
-    FunctionToolbox,
-    load_environment,
-    load_functions,
-    tool_schemas,
-)
+from gspo_cli.rollout.tools.functions import load_environment, load_functions, tool_schemas
 from gspo_cli.rollout.tools.interpreter import CodeBlockFormat, PythonInterpreter
+from gspo_cli.rollout.tools.toolbox import FunctionToolbox
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -23,7 +23,8 @@ from transformers.utils import SAFE_WEIGHTS_NAME as WEIGHTS_NAME
 from gspo_cli.models.builtin import BUILTIN_MODEL_PREFIX
 from gspo_cli.models.gguf import GGUF_SUFFIX
 from gspo_cli.models.loading import base_digest, hf_path, is_gguf_path
-from gspo_cli.models.lora import Adapters, adapter_size, model_skeleton, target_problem
+from gspo_cli.models.lora import Adapters
+from gspo_cli.models.lora_targets import adapter_size, model_skeleton, target_problem
 from gspo_cli.recipe.bounds import check_lora_memory, model_config_file, warn_memory
 from gspo_cli.recipe.inputs import LoraConfig
 from gspo_cli.recipe.schema import Recipe

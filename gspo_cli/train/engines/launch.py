@@ -3,7 +3,7 @@
 
 The parent checks everything a user can get wrong (recipe, run folder) before launching, so that
 mistakes are one clear line rather than one traceback per rank. It holds the run folder's lock
-(run_folder.one_writer, taken in cli.py) for all the ranks, which take none: the lock file's
+(runs/lock.py's one_writer, taken in cli.py) for all the ranks, which take none: the lock file's
 descriptor is not inherited by the launcher, and the kernel drops the lock if the parent dies.
 """
 
@@ -82,29 +82,40 @@ def launch(
     if hostfile is not None:
         check_hosts(hosts)
         env[OVER_SSH] = "1"
-        master_addr = os.environ.get("MASTER_ADDR")  # else DeepSpeed asks the first host
-        command = [
-            sys.executable,
-            "-m",
-            "gspo_cli.train.engines.multinode",  # DeepSpeed's runner, see there
-            "--hostfile",
-            str(hostfile),
-            "--num_gpus",  # processes per host
-            str(nproc),
-            *(["--master_addr", master_addr] if master_addr else []),
-            "--master_port",
-            os.environ.get("MASTER_PORT") or str(free_port()),
-            "--force_multi",  # over ssh even with one host: it may be another machine
-            "--no_ssh_check",  # check_hosts did it, on every host and with a timeout
-            "--no_local_rank",
-            "--module",
-            "gspo_cli.cli",
-            *args,
-        ]
+        command = _deepspeed_command(hostfile, nproc, args)
         return run_forwarding_signals(
             [*die_with_parent_argv(), *command], env, stops, own_group=True, kill_on_stop=True
         )
-    command = [
+    command = _torchrun_command(recipe, nproc, args)
+    return run_forwarding_signals([*die_with_parent_argv(), *command], env, stops, own_group=True)
+
+
+def _deepspeed_command(hostfile: Path, nproc: int, args: list[str]) -> list[str]:
+    """DeepSpeed's runner over ssh on the hostfile's hosts, `nproc` processes on each."""
+    master_addr = os.environ.get("MASTER_ADDR")  # else DeepSpeed asks the first host
+    return [
+        sys.executable,
+        "-m",
+        "gspo_cli.train.engines.multinode",  # DeepSpeed's runner, see there
+        "--hostfile",
+        str(hostfile),
+        "--num_gpus",  # processes per host
+        str(nproc),
+        *(["--master_addr", master_addr] if master_addr else []),
+        "--master_port",
+        os.environ.get("MASTER_PORT") or str(free_port()),
+        "--force_multi",  # over ssh even with one host: it may be another machine
+        "--no_ssh_check",  # check_hosts did it, on every host and with a timeout
+        "--no_local_rank",
+        "--module",
+        "gspo_cli.cli",
+        *args,
+    ]
+
+
+def _torchrun_command(recipe: Recipe, nproc: int, args: list[str]) -> list[str]:
+    """torchrun on this node, `nproc` processes, with the ranks' time to stop."""
+    return [
         sys.executable,
         "-m",
         "gspo_cli.train.engines.torchrun",  # torchrun, without a traceback on a stop
@@ -121,7 +132,6 @@ def launch(
         "gspo_cli.cli",
         *args,
     ]
-    return run_forwarding_signals([*die_with_parent_argv(), *command], env, stops, own_group=True)
 
 
 def run_forwarding_signals(

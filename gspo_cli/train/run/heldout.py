@@ -7,7 +7,7 @@ from typing import Any
 from gspo_cli.data.problems import Problem
 from gspo_cli.data.prompts import PromptSettings
 from gspo_cli.data.testcases import parse_tests
-from gspo_cli.eval.runner import generate_and_judge
+from gspo_cli.eval.generation import generate_and_judge
 from gspo_cli.eval.summary import FORM_METRICS, summarize
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout.base import RolloutEngine, SamplingParams

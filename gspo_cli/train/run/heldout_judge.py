@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gspo_cli.core.errors import GspoError
-from gspo_cli.eval.runner import generate_and_judge
+from gspo_cli.eval.generation import generate_and_judge
 from gspo_cli.rewards.context import RewardContext
 from gspo_cli.rewards.judges import make_judge
 from gspo_cli.rewards.judges.reward import ERRORS, PARSE_FAILURES

@@ -1,10 +1,12 @@
-"""The run folder's record: metrics.jsonl, samples.jsonl, eval.jsonl, and optional wandb."""
+"""The run folder's record: metrics.jsonl, samples.jsonl, eval.jsonl, events.jsonl, the
+summary.json a run ends with, and optional wandb."""
 
 from __future__ import annotations
 
 import json
 import math
 import secrets
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ from gspo_cli.runs.folder import (
     EVENTS,
     METRICS,
     SAMPLES,
+    SUMMARY,
     WANDB_ID,
     append_jsonl,
     read_jsonl,
@@ -84,6 +87,23 @@ class RunLog:
             # Torn lines go too; kept records are rewritten exactly as append_jsonl wrote them.
             kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
             write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps_done: int
+    heldout: dict[int, float] = field(default_factory=dict)  # step -> accuracy
+
+
+def write_summary(run_dir: Path, result: TrainResult, events: list[dict[str, Any]]) -> None:
+    """summary.json: the steps done, held-out accuracy by step and the guard's events."""
+    summary = {
+        "steps": result.steps_done,
+        "heldout_accuracy": {str(k): v for k, v in result.heldout.items()},
+        "events": events,
+    }
+    write_text_atomic(run_dir / SUMMARY, json.dumps(summary, indent=2))
 
 
 def start_wandb(

@@ -5,22 +5,18 @@ tiny, and held-out accuracy is avg@k at the rollout temperature on that task. Wi
 processes (DeepSpeed), each rank samples whole groups for its share of the prompts, with one
 seed per prompt, so the run does not depend on the world size.
 
-`train` = `prepare_run` (train/run/prepare.py: everything built once) + `run_loop` (the steps).
+`train` = `prepare_run` (train/run/prepare.py: everything built once) + `run_loop` (the steps);
+the guard's decisions are carried out by train/run/guard_actions.py.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.console import Console
 
-from gspo_cli.core.errors import GspoError
 from gspo_cli.models.loading import convert_first
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.math_verifier import MathVerifierPool
@@ -30,36 +26,26 @@ from gspo_cli.runs.folder import (
     CHECKPOINTS,
     COLD_START,
     SAMPLES,
-    SUMMARY,
     step_folder,
-    write_text_atomic,
 )
 from gspo_cli.sandbox.isolation import allow_weak_isolation
 from gspo_cli.train.async_rollouts.trainer import AsyncRollouts, saved_in_flight
 from gspo_cli.train.engines.device import peak_memory_mb, resolve_device
 from gspo_cli.train.engines.torch_engine import UpdateFailed
-from gspo_cli.train.run.checkpoint import checkpoint_at_or_before, latest_checkpoint, roll_back_to
 from gspo_cli.train.run.cold_start import load_recipe_model, run_cold_start
 from gspo_cli.train.run.console import TrainingDisplay, heldout_change
 from gspo_cli.train.run.folder import prepare_run_dir
-from gspo_cli.train.run.guard import Decision, Guard, Remedy, resume_advice, rollback_target
+from gspo_cli.train.run.guard import Guard
+from gspo_cli.train.run.guard_actions import carry_out
 from gspo_cli.train.run.heldout import heldout_accuracy
 from gspo_cli.train.run.heldout_judge import judge_heldout
-from gspo_cli.train.run.log import RunLog
+from gspo_cli.train.run.log import RunLog, TrainResult, write_summary
 from gspo_cli.train.run.prepare import PreparedRun, prepare_run
 from gspo_cli.train.run.problem_sets import Problems, eval_format, eval_params, run_problems
 from gspo_cli.train.run.reference import refresh
 from gspo_cli.train.run.signals import stop_on_signals
-from gspo_cli.train.run.state import restore_checkpoint
 from gspo_cli.train.step.collection import PromptSource, collect_step, short_notice, step_seed
 from gspo_cli.train.step.update import RankShare, StepModels, train_groups
-
-
-@dataclass
-class TrainResult:
-    run_dir: Path
-    steps_done: int
-    heldout: dict[int, float] = field(default_factory=dict)  # step -> accuracy
 
 
 def train(
@@ -131,7 +117,7 @@ def run_loop(run: PreparedRun) -> TrainResult:
                 # wall time of this process's steps so far, evals and checkpoints included
                 metrics["time_elapsed_s"] = time.perf_counter() - loop_started
             except UpdateFailed as exc:  # applied and not undone (DeepSpeed): roll back or stop
-                step = _act(run, step, guard.failed_update(step, str(exc)), result, display)
+                step = carry_out(run, step, guard.failed_update(step, str(exc)), result, display)
                 guard.restarted()
                 continue
             if step % recipe.eval.every == 0 or step == steps:
@@ -151,7 +137,7 @@ def run_loop(run: PreparedRun) -> TrainResult:
             )
             display.step(step, metrics)
             if decision.action != "go":
-                step = _act(run, step, decision, result, display)
+                step = carry_out(run, step, decision, result, display)
                 if decision.action == "rollback":
                     guard.restarted()
                     continue
@@ -246,83 +232,6 @@ def _start_rollouts(run: PreparedRun) -> None:
     run.rollouts.start(run.start, run.state.rollbacks, run.sampler.state_dict(), saved)
 
 
-def _act(run: PreparedRun, step: int, decision: Decision, result: TrainResult, display: Any) -> int:
-    """Record and carry out a guard decision; the step to continue from (rollback) or `step`."""
-    root = run.run_dir / CHECKPOINTS
-    good = checkpoint_at_or_before(root, rollback_target(step))  # before the trouble began
-    action, reason = decision.action, decision.reason
-    if action == "rollback" and good is None:
-        action, reason = "stop", f"{reason}; no checkpoint to roll back to"
-    for event in decision.events:
-        run.log.event(
-            {"step": step, "signal": event.signal, "action": action, "detail": event.detail}
-        )
-    if action == "warn":
-        display.note(f"warning: step {step}: {reason} (trainer.on_collapse: warn)")
-        return step
-    if action == "rollback" and good is not None:
-        restored = _restore(run, good, result)
-        display.note(
-            f"step {step}: {reason}; rolled back to {good.name}, learning rate "
-            f"{run.engine.lr:.3g} (x{run.state.lr_scale:g}), fresh sampling seeds"
-        )
-        return restored
-    if good is not None:  # so that --resume starts before the trouble, as the line says
-        roll_back_to(root, good, run.ctx)
-    if run.ctx.is_main:
-        _finish(run.console, run.run_dir, result, run.log.events(), quiet=True)
-    advice = _stop_advice(run, step, good, decision.remedy)
-    raise GspoError(f"stopped at step {step}: {reason}. {advice}")
-
-
-def _stop_advice(run: PreparedRun, step: int, good: Path | None, remedy: Remedy | None) -> str:
-    """Where a resume starts, the cause the guard measured, and the command that resumes with
-    its remedy: e.g. a lower learning rate (below the one that failed, rollbacks included)."""
-    root = run.run_dir / CHECKPOINTS
-    if good is not None:
-        where = f"A resume starts from {good} (before the trouble)"
-    elif (latest := latest_checkpoint(root, cleanup=False)) is not None:
-        where = (
-            f"A resume starts from {latest}, the newest checkpoint (none is from step "
-            f"{rollback_target(step)} or before, where a slow collapse may begin)"
-        )
-    else:
-        where = "There is no checkpoint yet: a resume starts from step 0"
-    lr = run.recipe.optimizer.lr * run.state.lr_scale * run.recipe.trainer.rollback_lr_factor
-    command = resume_advice(run.run_dir, lr, run.ctx.world, sys.argv[1:], remedy)
-    why = "" if remedy is None else f"; {remedy.why}"
-    return f"{where}{why}; resume with: {command}"
-
-
-def _restore(run: PreparedRun, folder: Path, result: TrainResult) -> int:
-    """Load checkpoint `folder` into the running job and forget the steps after it."""
-    trainer_state = restore_checkpoint(
-        folder,
-        engine=run.engine,
-        sampler=run.sampler,
-        log=run.log,
-        reference=run.ref_engine,
-        ref_update_every=run.recipe.algorithm.ref_update_every,
-        ctx=run.ctx,
-    )
-    restored = int(trainer_state["step"])
-    state = run.state
-    state.step = restored
-    state.rollbacks += 1
-    state.lr_scale *= run.recipe.trainer.rollback_lr_factor  # compounds over rollbacks
-    run.engine.set_peak_lr(run.recipe.optimizer.lr * state.lr_scale)
-    # Unseeded sampling draws from the global RNG just restored: without a new seed the
-    # retried steps would replay the same rollouts.
-    torch.manual_seed(step_seed(run.recipe.trainer.seed, restored, state.rollbacks))
-    roll_back_to(run.run_dir / CHECKPOINTS, folder, run.ctx)
-    if run.rollouts is not None:  # drop the batches sampled on the abandoned trajectory
-        run.rollouts.start(restored, state.rollbacks, run.sampler.state_dict())
-    for later in [s for s in result.heldout if s > restored]:
-        del result.heldout[later]
-    result.steps_done = restored
-    return restored
-
-
 def _log_samples(
     log: RunLog, step: int, output: Any, count: int, g: int, index: list[int], problems: Problems
 ) -> None:
@@ -341,20 +250,10 @@ def _log_samples(
 
 
 def _finish(
-    console: Console,
-    run_dir: Path,
-    result: TrainResult,
-    events: list[dict[str, Any]],
-    quiet: bool = False,
+    console: Console, run_dir: Path, result: TrainResult, events: list[dict[str, Any]]
 ) -> None:
-    summary = {
-        "steps": result.steps_done,
-        "heldout_accuracy": {str(k): v for k, v in result.heldout.items()},
-        "events": events,
-    }
-    write_text_atomic(run_dir / SUMMARY, json.dumps(summary, indent=2))
-    if quiet:
-        return
+    """The run's summary.json, the held-out change and where the run folder is."""
+    write_summary(run_dir, result, events)
     if 0 in result.heldout and len(result.heldout) > 1:  # with answered and any-form beside
         console.print(heldout_change(run_dir, result.heldout), highlight=False)
     console.print(f"run folder: {run_dir}", highlight=False)

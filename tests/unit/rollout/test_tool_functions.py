@@ -1,7 +1,7 @@
-"""Users' tools (rollout/tools/functions.py, build.py): functions and an environment class
-loaded by import path with schemas from their docstrings, one-line errors for what cannot be
-used, and the per-trajectory toolbox that answers every failure to the model instead of
-raising (a bad call, an exception, a hung call)."""
+"""Users' tools (rollout/tools/functions.py, toolbox.py, build.py): functions and an
+environment class loaded by import path with schemas from their docstrings, one-line errors for
+what cannot be used, and the per-trajectory toolbox that answers every failure to the model
+instead of raising (a bad call, an exception, a hung call)."""
 
 from __future__ import annotations
 
@@ -20,13 +20,9 @@ from gspo_cli.models.tokenizer import build_char_tokenizer
 from gspo_cli.rollout.tool_settings import ToolSettings
 from gspo_cli.rollout.tools.base import ToolCall
 from gspo_cli.rollout.tools.build import make_tool_parts, tool_schemas_for
-from gspo_cli.rollout.tools.functions import (
-    FunctionToolbox,
-    load_environment,
-    load_functions,
-    tool_schemas,
-)
+from gspo_cli.rollout.tools.functions import load_environment, load_functions, tool_schemas
 from gspo_cli.rollout.tools.interpreter import CodeBlockFormat, PythonInterpreter
+from gspo_cli.rollout.tools.toolbox import FunctionToolbox
 
 MODULE = "gspo_test_tool_module"
 SOURCE = '''

@@ -12,7 +12,8 @@ import pytest
 
 from gspo_cli.core.errors import GspoError
 from gspo_cli.runs import folder as run_folder
-from gspo_cli.runs.folder import one_writer, write_text_atomic
+from gspo_cli.runs.folder import write_text_atomic
+from gspo_cli.runs.lock import one_writer
 from tests.support.helpers import lock_holder
 
 # The container stage of CI runs these too: file modes, locks and the non-root user.

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from gspo_cli.rewards.code import judge_program
-from gspo_cli.sandbox import cleanup, run_program
+from gspo_cli.sandbox import cleanup, ending, run_program
 from gspo_cli.sandbox import isolation as iso
-from gspo_cli.sandbox import program as sandbox
 from gspo_cli.sandbox.cgroups import layout
 from gspo_cli.sandbox.program import MARKER_PREFIX, Limits, run_prefix
 
@@ -165,7 +164,7 @@ def test_runs_end_without_scanning_host_processes(
     def no_scan(*_: object) -> int:
         raise AssertionError("the host's processes were scanned")
 
-    monkeypatch.setattr(sandbox, "_kill_marked", no_scan)
+    monkeypatch.setattr(ending, "_kill_marked", no_scan)
     monkeypatch.setattr(cleanup, "kill_by_uid", no_scan)
     limits = Limits(time_limit_s=2)
     tests = {"inputs": [""], "outputs": ["done"]}
