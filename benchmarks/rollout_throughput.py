@@ -25,7 +25,8 @@ import torch
 from gspo_cli.models import load_policy
 from gspo_cli.models.forward.batch import pad_logprobs
 from gspo_cli.models.forward.logprobs import response_logprobs
-from gspo_cli.rollout import EngineSpec, SamplingParams, make_rollout_engine
+from gspo_cli.rollout.base import EngineSpec, SamplingParams
+from gspo_cli.rollout.engines import make_rollout_engine
 from gspo_cli.train.step.train_batch import build_train_batch
 
 

@@ -18,3 +18,9 @@ def shared() -> Path:
     if not SHARED.is_dir():
         pytest.skip(f"../shared not found at {SHARED}")
     return SHARED
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked slow first (in their order, then the rest in theirs): with xdist, a long
+    test started last would leave the other workers idle while it runs."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

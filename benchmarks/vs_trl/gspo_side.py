@@ -33,7 +33,7 @@ class GspoSide:
         self, model: Any, tokenizer: Any, shape: Shape, workload: str, skip: bool, calls: Calls
     ) -> None:
         from gspo_cli.recipe import Recipe
-        from gspo_cli.rollout import SamplingParams
+        from gspo_cli.rollout.base import SamplingParams
         from gspo_cli.rollout.hf import HFGenerateEngine
         from gspo_cli.train.engines.distributed import LOCAL
         from gspo_cli.train.engines.settings import engine_settings

@@ -15,7 +15,7 @@ from gspo_cli.data.problems import Problem
 from gspo_cli.data.prompts import PLAIN, PromptSettings
 from gspo_cli.eval.scoring import SampleVerdicts, score_samples
 from gspo_cli.rewards.math_verifier import MathVerifierPool
-from gspo_cli.rollout import RolloutEngine, SamplingParams
+from gspo_cli.rollout.base import RolloutEngine, SamplingParams
 
 SEQUENCES_PER_BATCH = 64  # problems x samples per generate call: bounds memory on small machines
 

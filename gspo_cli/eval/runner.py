@@ -31,7 +31,8 @@ from gspo_cli.eval.progress import EvalProgress
 from gspo_cli.eval.summary import codeforces_elo, summarize
 from gspo_cli.models.loading import convert_first
 from gspo_cli.rewards.math_verifier import MathVerifierPool
-from gspo_cli.rollout import EngineSpec, RolloutEngine, SamplingParams, make_rollout_engine
+from gspo_cli.rollout.base import EngineSpec, RolloutEngine, SamplingParams
+from gspo_cli.rollout.engines import make_rollout_engine
 from gspo_cli.rollout.tool_settings import ToolSettings
 from gspo_cli.rollout.tools.build import tool_schemas_for
 from gspo_cli.runs.folder import (

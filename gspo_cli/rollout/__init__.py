@@ -1,16 +1,6 @@
 """Rollout engines behind one Protocol, chosen by name (`rollout.engine`): hf, vllm.
 
-This package's top level imports no transformers or vLLM: the engines load only when chosen.
+Import from the modules (`rollout.base`, `rollout.batch`, `rollout.engines`): this package's
+top level imports nothing, so that the recipe can read `rollout.tool_settings` without torch,
+and the engines load only when chosen.
 """
-
-from gspo_cli.rollout.base import EngineSpec, RolloutEngine, SamplingParams
-from gspo_cli.rollout.batch import RolloutBatch
-from gspo_cli.rollout.engines import make_rollout_engine
-
-__all__ = [
-    "EngineSpec",
-    "RolloutBatch",
-    "RolloutEngine",
-    "SamplingParams",
-    "make_rollout_engine",
-]

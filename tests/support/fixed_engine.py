@@ -16,7 +16,8 @@ from gspo_cli.data import render_prompt
 from gspo_cli.data.benchmarks import build_prompt
 from gspo_cli.data.problems import Problem
 from gspo_cli.eval.runner import EngineFactory
-from gspo_cli.rollout import RolloutBatch, SamplingParams
+from gspo_cli.rollout.base import SamplingParams
+from gspo_cli.rollout.batch import RolloutBatch
 
 PromptKey = tuple[int, ...]
 

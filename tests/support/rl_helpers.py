@@ -10,7 +10,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from gspo_cli.recipe import Recipe
-from gspo_cli.rollout import RolloutBatch, SamplingParams
+from gspo_cli.rollout.base import SamplingParams
+from gspo_cli.rollout.batch import RolloutBatch
 from gspo_cli.train.engines.torch_engine import TorchEngine
 from gspo_cli.train.run.step_settings import algorithm_settings, collection_settings
 from gspo_cli.train.step.rewards import RewardScores

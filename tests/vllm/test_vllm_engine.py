@@ -17,8 +17,8 @@ from gspo_cli.models import load_policy
 from gspo_cli.models.forward.batch import pad_logprobs
 from gspo_cli.models.forward.logprobs import response_logprobs
 from gspo_cli.recipe import Recipe
-from gspo_cli.rollout import EngineSpec, SamplingParams, make_rollout_engine
-from gspo_cli.rollout.base import RolloutBatch
+from gspo_cli.rollout.base import EngineSpec, RolloutBatch, SamplingParams
+from gspo_cli.rollout.engines import make_rollout_engine
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import TorchEngine

@@ -18,7 +18,8 @@ from gspo_cli.models import load_policy
 from gspo_cli.models.forward.batch import pad_logprobs
 from gspo_cli.models.forward.logprobs import response_logprobs
 from gspo_cli.recipe import load_recipe
-from gspo_cli.rollout import EngineSpec, SamplingParams, make_rollout_engine
+from gspo_cli.rollout.base import EngineSpec, SamplingParams
+from gspo_cli.rollout.engines import make_rollout_engine
 from gspo_cli.runs.folder import COLD_START
 from gspo_cli.train.run.loop import run_sft_only
 from gspo_cli.train.step.train_batch import build_train_batch, check_sampled_ids

@@ -37,7 +37,8 @@ from gspo_cli.models.forward.capabilities import ModelCapabilities
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.math_verifier import MathVerifierPool
-from gspo_cli.rollout import EngineSpec, make_rollout_engine
+from gspo_cli.rollout.base import EngineSpec
+from gspo_cli.rollout.engines import make_rollout_engine
 from gspo_cli.train.engines.distributed import DistContext
 from gspo_cli.train.step.collection import Collected, PromptSource, collect_step, step_seed
 from gspo_cli.train.step.rewards import WeightedRewards

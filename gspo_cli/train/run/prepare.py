@@ -27,7 +27,8 @@ from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.context import RewardContext
 from gspo_cli.rewards.math_verifier import MathVerifierPool
-from gspo_cli.rollout import EngineSpec, RolloutEngine, make_rollout_engine
+from gspo_cli.rollout.base import EngineSpec, RolloutEngine
+from gspo_cli.rollout.engines import make_rollout_engine
 from gspo_cli.runs.folder import CHECKPOINTS, COLD_START, judge_cache_file, step_folder
 from gspo_cli.train.async_rollouts.trainer import AsyncRollouts
 from gspo_cli.train.engines.adapters import (

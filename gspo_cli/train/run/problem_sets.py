@@ -19,7 +19,7 @@ from gspo_cli.data.prompts import PromptFormat, PromptSettings
 from gspo_cli.data.sources import carve_heldout, has_splits, source_note
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import text_answer_readers
-from gspo_cli.rollout import SamplingParams
+from gspo_cli.rollout.base import SamplingParams
 from gspo_cli.rollout.tools.build import tool_schemas_for
 from gspo_cli.train.run.heldout import rows_as_problems
 

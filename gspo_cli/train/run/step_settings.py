@@ -8,7 +8,7 @@ from gspo_cli.core.engine_catalogue import ROLLOUT_ENGINES
 from gspo_cli.recipe.algorithm import AlgorithmConfig
 from gspo_cli.recipe.rollout import MAX_DYNAMIC_SAMPLING_ROUNDS, RolloutConfig
 from gspo_cli.recipe.schema import Recipe
-from gspo_cli.rollout import SamplingParams
+from gspo_cli.rollout.base import SamplingParams
 from gspo_cli.train.step.old_policy import PiOldTiming, resolve_engine_logprobs
 from gspo_cli.train.step.settings import (
     AlgorithmSettings,

@@ -18,7 +18,7 @@ from gspo_cli.models.forward.capabilities import capabilities_of, plain_linear_h
 from gspo_cli.models.forward.logprobs import response_logprobs
 from gspo_cli.models.gguf import hf_folder_of, wheel_gguf
 from gspo_cli.models.loading import hf_path, load_policy
-from gspo_cli.rollout import SamplingParams
+from gspo_cli.rollout.base import SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.step.train_batch import build_train_batch
 

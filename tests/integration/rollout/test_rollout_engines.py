@@ -13,7 +13,8 @@ from gspo_cli.models import create_builtin
 from gspo_cli.models.forward.batch import pad_logprobs
 from gspo_cli.models.forward.logprobs import response_logprobs
 from gspo_cli.recipe import Recipe, RecipeError, load_recipe
-from gspo_cli.rollout import EngineSpec, SamplingParams, make_rollout_engine
+from gspo_cli.rollout.base import EngineSpec, SamplingParams
+from gspo_cli.rollout.engines import make_rollout_engine
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings

@@ -15,7 +15,8 @@ from gspo_cli.algorithms.kl import kl_reward_penalty
 from gspo_cli.core.errors import GspoError
 from gspo_cli.models import create_builtin
 from gspo_cli.recipe import Recipe
-from gspo_cli.rollout import RolloutBatch, SamplingParams
+from gspo_cli.rollout.base import SamplingParams
+from gspo_cli.rollout.batch import RolloutBatch
 from gspo_cli.runs.folder import TRAINER_STATE
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings

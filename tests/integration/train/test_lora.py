@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from gspo_cli.models import create_builtin, load_policy
 from gspo_cli.models.forward.batch import TrainBatch
 from gspo_cli.recipe import Recipe
-from gspo_cli.rollout import SamplingParams
+from gspo_cli.rollout.base import SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings

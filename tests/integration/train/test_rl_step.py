@@ -9,7 +9,7 @@ import torch
 
 from gspo_cli.models import create_builtin
 from gspo_cli.recipe import Recipe
-from gspo_cli.rollout import SamplingParams
+from gspo_cli.rollout.base import SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings

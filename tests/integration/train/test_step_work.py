@@ -12,7 +12,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 from gspo_cli.models import create_builtin
 from gspo_cli.models.forward.batch import TrainBatch
 from gspo_cli.recipe import Recipe
-from gspo_cli.rollout import SamplingParams
+from gspo_cli.rollout.base import SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings

@@ -20,7 +20,7 @@ from gspo_cli.eval.runner import EvalSettings, run_eval
 from gspo_cli.models.tokenizer import CHAT_TEMPLATE, build_char_tokenizer
 from gspo_cli.recipe import Recipe
 from gspo_cli.rewards.math_verifier import MathVerifierPool
-from gspo_cli.rollout import SamplingParams
+from gspo_cli.rollout.base import SamplingParams
 from gspo_cli.train.run.heldout import heldout_accuracy
 from gspo_cli.train.run.problem_sets import (
     Problems,

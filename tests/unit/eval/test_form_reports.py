@@ -22,7 +22,7 @@ from gspo_cli.models.tokenizer import build_char_tokenizer
 from gspo_cli.recipe.reward import RewardConfig
 from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.math_verifier import MathVerifierPool
-from gspo_cli.rollout import SamplingParams
+from gspo_cli.rollout.base import SamplingParams
 from gspo_cli.train.run.console import heldout_change
 from gspo_cli.train.run.heldout import heldout_accuracy
 from gspo_cli.train.step.collection import collect_groups

@@ -13,7 +13,7 @@ from gspo_cli.models import create_builtin
 from gspo_cli.models.forward.batch import TrainBatch
 from gspo_cli.models.forward.capabilities import capabilities_of
 from gspo_cli.models.forward.logprobs import response_logprobs
-from gspo_cli.rollout import RolloutBatch
+from gspo_cli.rollout.batch import RolloutBatch
 from gspo_cli.train.step.train_batch import build_train_batch
 
 TEMPERATURE = 0.7

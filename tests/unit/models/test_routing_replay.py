@@ -22,7 +22,8 @@ from gspo_cli.models.forward.batch import TrainBatch
 from gspo_cli.models.forward.logprobs import response_logprobs
 from gspo_cli.models.routing import ExpertRouting, RoutingError, join_rows, split_rows, volatility
 from gspo_cli.recipe import Recipe
-from gspo_cli.rollout import RolloutBatch, SamplingParams
+from gspo_cli.rollout.base import SamplingParams
+from gspo_cli.rollout.batch import RolloutBatch
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings

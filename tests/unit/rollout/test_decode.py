@@ -9,7 +9,8 @@ import torch
 from transformers import LogitsProcessor
 
 from gspo_cli.models import create_builtin
-from gspo_cli.rollout import RolloutBatch, SamplingParams
+from gspo_cli.rollout.base import SamplingParams
+from gspo_cli.rollout.batch import RolloutBatch
 from gspo_cli.rollout.hf import HFGenerateEngine
 from tests.support.rl_helpers import PROMPTS
 from tests.support.small_models import small_causal_lm

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gspo_cli.models import create_builtin
-from gspo_cli.rollout import SamplingParams
+from gspo_cli.rollout.base import SamplingParams
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.rollout.seeded import ExactSampling, row_seeds
 from tests.support.rl_helpers import PROMPTS

@@ -18,7 +18,8 @@ from gspo_cli.algorithms.distill import distill_advantages, reverse_kl_sums
 from gspo_cli.models import build_char_tokenizer, create_builtin
 from gspo_cli.models.vocab import vocab_problem
 from gspo_cli.recipe import Recipe
-from gspo_cli.rollout import RolloutBatch, SamplingParams
+from gspo_cli.rollout.base import SamplingParams
+from gspo_cli.rollout.batch import RolloutBatch
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import FrozenPolicy

@@ -13,7 +13,8 @@ import torch
 
 from gspo_cli.core.errors import GspoError
 from gspo_cli.recipe.rollout import MAX_DYNAMIC_SAMPLING_ROUNDS
-from gspo_cli.rollout import RolloutBatch, SamplingParams
+from gspo_cli.rollout.base import SamplingParams
+from gspo_cli.rollout.batch import RolloutBatch
 from gspo_cli.train.engines.distributed import LOCAL, DistContext
 from gspo_cli.train.step.collection import (
     Collected,

@@ -16,7 +16,8 @@ from gspo_cli.compare import compare_runs
 from gspo_cli.models import create_builtin
 from gspo_cli.models.flops import flop_shape, rollout_flops, train_flops
 from gspo_cli.recipe import Recipe
-from gspo_cli.rollout import RolloutBatch, SamplingParams
+from gspo_cli.rollout.base import SamplingParams
+from gspo_cli.rollout.batch import RolloutBatch
 from gspo_cli.train.engines import hardware
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.metric_rules import combine, mfu_metrics
