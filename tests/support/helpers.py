@@ -154,6 +154,17 @@ MOE_COMPARED = (
 MOE_ROUTING = ("expert_volatility", "expert_volatility_update0", "expert_volatility_update1")
 
 
+def first_forward_gaps(run: dict[int, dict[str, Any]]) -> list[float]:
+    """`first_ratio_gap_max` of each step that trained: a step whose every group had zero
+    advantage (all its rewards equal) skips its rows and has no training forward to measure.
+    At least one step must have trained."""
+    gaps = [m["first_ratio_gap_max"] for m in run.values() if "first_ratio_gap_max" in m]
+    assert gaps, "no step of the run had a training forward"
+    for metrics in run.values():
+        assert "first_ratio_gap_max" in metrics or metrics["zero_adv_group_frac"] == 1.0
+    return gaps
+
+
 def assert_same_moe_runs(a: dict[int, dict[str, Any]], b: dict[int, dict[str, Any]]) -> None:
     """Run `b` reproduces run `a` step by step (metrics by step, as `run_metrics` reads them)."""
     import pytest
