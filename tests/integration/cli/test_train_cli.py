@@ -30,6 +30,7 @@ def _metrics(run: Path) -> dict[int, dict[str, float]]:
     return {rec["step"]: rec for rec in map(json.loads, lines)}
 
 
+@pytest.mark.slow
 @pytest.mark.container  # a short training run, in the container too
 def test_train_writes_a_complete_run_folder(tiny_recipe, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     recipe = tiny_recipe(trainer={"steps": 2, "checkpoint_every": 1, "keep_checkpoints": 1})

@@ -175,6 +175,7 @@ def _code_contests_rows(shared: Path, names: tuple[str, ...]) -> str:
     return "\n".join(x for x in lines if json.loads(json.loads(x)["labels"])["name"] in names)
 
 
+@pytest.mark.slow
 def test_codeforces_codeelo_rating_from_a_standings_cache(shared: Path, tmp_path: Path) -> None:
     data = tmp_path / "cf.jsonl"
     data.write_text(
@@ -271,6 +272,7 @@ def test_hub_id_without_network_names_the_data_option(tmp_path: Path) -> None:
     assert "--data" in result.stderr and result.stderr.strip().count("\n") == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_bad_checkpoint_and_unknown_benchmark_exit_2(tmp_path: Path) -> None:
     result = _eval(str(tmp_path), "--benchmark", "aime24")
     assert result.returncode == 2 and "neither an HF checkpoint" in result.stderr

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.support.helpers import REPO, run_cli, wait_gone, write_recipe
 
 # argv[1] of `sleep`: unique to each test, so that other runs' sleeps are never counted
@@ -66,6 +68,7 @@ def _gone(marker: str) -> list[int]:
     return wait_gone(_marked(marker), timeout=30)
 
 
+@pytest.mark.slow
 def test_what_a_reward_started_ends_with_it_after_its_timeout(tmp_path: Path) -> None:
     marker = "987651"
     recipe = _recipe(tmp_path, marker, sleep_s=1000, timeout_s=0.05, steps=1)
@@ -78,6 +81,7 @@ def test_what_a_reward_started_ends_with_it_after_its_timeout(tmp_path: Path) ->
         _kill_all(marker)
 
 
+@pytest.mark.slow
 def test_what_a_reward_started_ends_with_the_run(tmp_path: Path) -> None:
     marker = "987652"
     recipe = _recipe(tmp_path, marker, sleep_s=0, timeout_s=5, steps=2)
@@ -89,6 +93,7 @@ def test_what_a_reward_started_ends_with_the_run(tmp_path: Path) -> None:
         _kill_all(marker)
 
 
+@pytest.mark.slow
 def test_what_a_reward_started_ends_when_the_trainer_is_sigkilled(tmp_path: Path) -> None:
     marker = "987653"
     recipe = _recipe(tmp_path, marker, sleep_s=1000, timeout_s=100, steps=1)

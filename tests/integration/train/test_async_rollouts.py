@@ -183,6 +183,7 @@ def test_bad_async_settings_are_one_line_at_validate_time(
     assert result.stderr.strip().count("\n") == 0 and message in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 def test_a_rollback_restarts_the_worker_on_the_restored_policy(tiny_recipe, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """lr 1e30 wrecks the first update: each rollback drops the batches the worker sampled on
     the abandoned trajectory and restarts it from the restored weights, with fresh seeds."""

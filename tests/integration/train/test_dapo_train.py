@@ -30,6 +30,7 @@ def _train(recipe: Path, out: Path, *extra: str) -> str:
     return result.stdout
 
 
+@pytest.mark.slow
 def test_the_options_show_in_a_short_runs_metrics(tiny_recipe, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     recipe = tiny_recipe(trainer={"steps": 2}, **DAPO)
     _train(recipe, tmp_path / "run")
@@ -48,6 +49,7 @@ def test_the_options_show_in_a_short_runs_metrics(tiny_recipe, tmp_path: Path) -
         assert record["overlong_penalty_mean"] <= 0
 
 
+@pytest.mark.slow
 def test_rounds_that_never_fill_the_batch_end_the_run_naming_the_limit(
     tiny_recipe, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]

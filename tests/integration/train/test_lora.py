@@ -182,6 +182,7 @@ def _adapters(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "adapter_model.safetensors"))
 
 
+@pytest.mark.slow
 def test_a_lora_run_logs_its_share_and_resumes_exactly(
     tiny_recipe, sft_checkpoint: Path, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]

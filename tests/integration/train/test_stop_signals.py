@@ -93,6 +93,7 @@ def trainer(tmp_path: Path):  # type: ignore[no-untyped-def]
         t.kill()
 
 
+@pytest.mark.slow
 def test_sigkill_leaves_no_worker_alive(trainer) -> None:  # type: ignore[no-untyped-def]
     run = trainer()
     run.wait_for_step(1)  # held-out accuracy at step 0 has started the verifier workers
@@ -111,6 +112,7 @@ def _stop_line(run: Trainer) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_sigterm_stops_with_one_line_that_matches_the_run_folder(trainer) -> None:  # type: ignore[no-untyped-def]
     run = trainer()
     run.wait_for_step(2)
@@ -133,6 +135,7 @@ def test_sigterm_stops_with_one_line_that_matches_the_run_folder(trainer) -> Non
     assert wait_gone(workers) == []
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_with_one_line_and_no_worker_traceback(trainer) -> None:  # type: ignore[no-untyped-def]
     run = trainer()
     run.wait_for_step(1)
@@ -209,6 +212,7 @@ def test_sigterm_asks_first_and_stops_on_a_second_or_when_the_grace_ends() -> No
     assert signal.getsignal(signal.SIGTERM) is not stop.handle  # the handler is removed after
 
 
+@pytest.mark.slow
 def test_sigterm_stops_gspo_eval_with_one_line_and_the_resume_finishes(
     tmp_path: Path, shared: Path
 ) -> None:

@@ -44,6 +44,7 @@ def records(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_training_calls_the_interpreter_and_logs_it(tool_checkpoint: Path, tmp_path: Path) -> None:
     recipe = tool_recipe(tmp_path, tool_checkpoint, trainer={"steps": 2})
     result = run_cli("train", str(recipe), "--out", str(tmp_path / "run"))
@@ -58,6 +59,7 @@ def test_training_calls_the_interpreter_and_logs_it(tool_checkpoint: Path, tmp_p
     assert "calls " in result.stdout  # the console line shows calls per response
 
 
+@pytest.mark.slow
 def test_a_killed_tool_run_resumes_record_for_record(tool_checkpoint: Path, tmp_path: Path) -> None:
     recipe = tool_recipe(tmp_path, tool_checkpoint, trainer={"steps": 4, "checkpoint_every": 2})
     straight = tmp_path / "straight"
@@ -102,6 +104,7 @@ def metric(run: Path, key: str) -> list[float]:
     return [float(m[key]) for m in records(run / "metrics.jsonl")]  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_two_deepspeed_processes_train_the_tool_run_one_does(
     tool_checkpoint: Path, tmp_path: Path
 ) -> None:
@@ -133,6 +136,7 @@ def test_two_deepspeed_processes_train_the_tool_run_one_does(
     ],
     ids=["async", "lora", "turn"],
 )
+@pytest.mark.slow
 def test_tool_runs_train_async_with_lora_and_per_turn(
     overrides: dict[str, object], tool_checkpoint: Path, tmp_path: Path
 ) -> None:

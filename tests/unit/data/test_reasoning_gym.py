@@ -207,6 +207,7 @@ def test_the_shipped_recipe_validates() -> None:
     assert "reasoning_gym:chain_sum" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_short_training_run_after_an_answer_cold_start_logs_rewards_per_task(
     tmp_path: Path,
 ) -> None:

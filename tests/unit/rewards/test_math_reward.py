@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from gspo_cli.rewards import REWARDS, last_boxed, math_reward, math_verifier
 from gspo_cli.rewards.math_verifier import MathVerifierPool, check_answer
 
@@ -48,6 +50,7 @@ def _sometimes_hangs(completion: str, gold: str, timeout_s: float = 5.0) -> floa
     return check_answer(completion, gold, timeout_s)
 
 
+@pytest.mark.slow
 def test_a_hung_check_scores_zero_and_the_others_are_still_scored(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(math_verifier, "check_answer", _sometimes_hangs)
     monkeypatch.setattr(math_verifier, "OUTER_DEADLINE_FACTOR", 0.0)

@@ -70,6 +70,7 @@ def test_unseeded_cpu_rollouts_sample_by_our_draw_and_follow_the_global_seed() -
     assert len({tuple(c) for c in first}) > len(PROMPTS)  # the samples of a prompt differ
 
 
+@pytest.mark.slow
 def test_the_far_tail_of_a_real_vocabulary_is_drawn_at_its_mass() -> None:
     """1% of the mass spread over 151,935 tokens (each ~6.6e-8): the Gumbel-max sampler with
     float32 uniforms drew 0.53% there (z = -6.7 at 20,000 draws); the exact draw gives 1%."""

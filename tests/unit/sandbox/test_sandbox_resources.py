@@ -60,6 +60,7 @@ def nothing_left_behind() -> Iterator[None]:
 DEEP = "import os\nfor _ in range(1100):\n    os.mkdir('d')\n    os.chdir('d')\nprint('deep')"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_a_deep_folder_chain_is_removed_and_judged(mode: str) -> None:
     # The weak modes' guard checks every path a call names, so the program's own loop grows
