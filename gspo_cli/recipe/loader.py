@@ -121,6 +121,11 @@ def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     model = data.get("model")
     if isinstance(model, dict) and isinstance(model.get("path"), str):
         model["path"] = resolve_model_folder(model["path"], folder)
+    for entry in data.get("environments") or []:  # each environment's own data files
+        own = entry.get("data") if isinstance(entry, dict) else None
+        for key in ("source", "eval_source"):
+            if isinstance(own, dict) and isinstance(own.get(key), str):
+                own[key] = resolve_path(own[key], folder)
     algorithm = data.get("algorithm")  # the distillation teacher: a model path one level down
     distill = algorithm.get("distill") if isinstance(algorithm, dict) else None
     if isinstance(distill, dict) and isinstance(distill.get("teacher"), str):

@@ -10,12 +10,18 @@ trainer: optimizer, cold start, trainer and DeepSpeed), and `section` holds what
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from gspo_cli.core.engine_catalogue import ROLLOUT_ENGINES
 from gspo_cli.recipe.algorithm import AlgorithmConfig
+from gspo_cli.recipe.environments import (
+    DEFAULT_ENVIRONMENT,
+    PER_ENVIRONMENT_KEYS,
+    EnvironmentConfig,
+)
 from gspo_cli.recipe.inputs import DataConfig, ModelConfig
 from gspo_cli.recipe.reward import RewardConfig
 from gspo_cli.recipe.rollout import RolloutConfig
@@ -75,6 +81,26 @@ class Recipe(Section):
         default_factory=DeepSpeedConfig, description="DeepSpeed engine settings."
     )
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Outputs.")
+    environments: list[EnvironmentConfig] = Field(
+        default_factory=list,
+        description="Several tasks in one run, each with a weight (docs/environments.md); "
+        "empty: the recipe's data, reward.functions and rollout.tools are its one environment.",
+    )
+    _views: list[EnvironmentView] | None = PrivateAttr(None)
+
+    def environments_resolved(self) -> list[EnvironmentView]:
+        """The run's environments, each as the recipe reads for it (recipe/environments.py)."""
+        if self._views is None:
+            self._views = environment_views(self)
+        return self._views
+
+    @model_validator(mode="after")
+    def _environment_checks(self) -> Recipe:
+        # every entry resolved now: a bad one is one line at validate time, naming it
+        check_environment_list(self)
+        self._views = None
+        self.environments_resolved()
+        return self
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:
@@ -218,3 +244,83 @@ def _check_staleness(recipe: Recipe) -> None:
             f"rollout.engine {rollout.engine} does not: use hf or vllm, or "
             "max_staleness 0"
         )
+
+
+@dataclass(frozen=True)
+class EnvironmentView:
+    """One environment of a run: its name, its weight, and the recipe as it reads for it."""
+
+    name: str
+    weight: float
+    recipe: Recipe
+    cold_start: bool = True  # its rows join the cold start's SFT data
+
+
+def check_environment_list(recipe: Recipe) -> None:
+    """Names unique, weights not all zero, and no per-environment key also set at the top."""
+    entries = recipe.environments
+    if not entries:
+        return
+    names = [entry.name for entry in entries]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"environments: two environments are named {twice[0]!r}")
+    if not any(entry.weight > 0 for entry in entries):
+        raise ValueError("environments: every weight is 0, so no prompt would be drawn")
+    if recipe.cold_start.enabled and not any(entry.cold_start for entry in entries):
+        raise ValueError(
+            "cold_start.enabled with every environment's cold_start false: no rows to imitate"
+        )
+    if len(entries) > 1 and recipe.reward.heldout_judge is not None:
+        raise ValueError(
+            "reward.heldout_judge judges one held-out set: it needs a single environment"
+        )
+    if len(entries) > 1 and recipe.eval.benchmark is not None:
+        raise ValueError(
+            "eval.benchmark replaces the held-out set during training; with several "
+            "environments each has its own held-out set: unset eval.benchmark"
+        )
+    for section, keys in PER_ENVIRONMENT_KEYS.items():
+        for key in keys:
+            if key in getattr(recipe, section).model_fields_set:
+                raise ValueError(
+                    f"{section}.{key} with environments: each environment sets its own "
+                    f"(environments[].{'tools' if key == 'tools' else 'data.' + key})"
+                )
+
+
+def environment_views(recipe: Recipe) -> list[EnvironmentView]:
+    """The run's environments, each as a validated recipe; a recipe without `environments` is
+    its own one environment. ValueError naming the environment for an entry that cannot work."""
+    if not recipe.environments:
+        return [EnvironmentView(DEFAULT_ENVIRONMENT, 1.0, recipe)]
+    # the keys the recipe set, not its defaults: a view is validated as if written by hand
+    base = recipe.model_dump(exclude={"environments"}, exclude_unset=True)
+    return [
+        EnvironmentView(
+            entry.name, entry.weight, _view(type(recipe), base, entry), entry.cold_start
+        )
+        for entry in recipe.environments
+    ]
+
+
+def _view(recipe_type: type[Recipe], base: dict[str, Any], entry: EnvironmentConfig) -> Recipe:
+    raw = dict(base)
+    raw["data"] = {**base.get("data", {}), **entry.data}
+    if entry.reward is not None:
+        functions = [f.model_dump(exclude_unset=True) for f in entry.reward]
+        raw["reward"] = {**base.get("reward", {}), "functions": functions}
+    rollout = {**base.get("rollout", {})}
+    if entry.tools is not None:
+        rollout["tools"] = entry.tools.model_dump(exclude_unset=True)
+    if entry.max_new_tokens is not None:
+        rollout["max_new_tokens"] = entry.max_new_tokens
+    raw["rollout"] = rollout
+    raw["eval"] = {**base.get("eval", {}), **entry.eval.model_dump(exclude_none=True)}
+    try:
+        return recipe_type.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(part) for part in err["loc"]) or "recipe"
+        message = str(err["msg"]).removeprefix("Value error, ")
+        raise ValueError(f"environment {entry.name!r}: {where}: {message}") from None

@@ -15,7 +15,7 @@ def summary_line(recipe: Recipe) -> str:
         limits = f"gate tau {algo.sapo_tau_pos:g}/{algo.sapo_tau_neg:g}"
     return (
         f"{recipe.name}: {algo.name} ({limits}, "
-        f"{algo.loss_agg}), model {recipe.model.path}, data {recipe.data.source}, "
+        f"{algo.loss_agg}), model {recipe.model.path}, {_data(recipe)}, "
         f"{recipe.trainer.steps} steps x {rollout.num_prompts} prompts x {rollout.group_size} "
         f"samples, {algo.minibatches} minibatches, {reward_limit(recipe)}"
         + ("" if algo.distill is None else f", distilling from {algo.distill.teacher}")
@@ -26,3 +26,13 @@ def reward_limit(recipe: Recipe) -> str:
     """reward.timeout_s is per completion: what that makes for a step, said once at start."""
     per, n = recipe.reward.timeout_s, recipe.rollout.num_prompts * recipe.rollout.group_size
     return f"reward limit {per:g} s per completion ({per * n:g} s for a step's {n})"
+
+
+def _data(recipe: Recipe) -> str:
+    """The data source, or the environments with their weights."""
+    if not recipe.environments:
+        return f"data {recipe.data.source}"
+    views = recipe.environments_resolved()
+    return "environments " + ", ".join(
+        f"{v.name} ({v.recipe.data.source}, weight {v.weight:g})" for v in views
+    )

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from gspo_cli.core.engine_catalogue import ROLLOUT_ENGINES
 from gspo_cli.rollout.base import EngineSpec, RolloutEngine
+from gspo_cli.rollout.tool_settings import ToolSettings
 
 if TYPE_CHECKING:
     from gspo_cli.rollout.hf import HFGenerateEngine
@@ -28,14 +29,25 @@ def vllm_engine(spec: EngineSpec) -> VLLMEngine:
 
 def make_rollout_engine(name: str, spec: EngineSpec) -> RolloutEngine:
     """The engine `name`; with `spec.tools`, wrapped to return tool trajectories."""
+    engine = base_rollout_engine(name, spec)
+    return engine if spec.tools is None else with_tools(engine, spec, spec.tools)
+
+
+def base_rollout_engine(name: str, spec: EngineSpec) -> RolloutEngine:
+    """The engine `name` without the tool wrapper (`spec.tools` only says tools will wrap it,
+    which vLLM prepares for): environments wrap it each with their own (`with_tools`)."""
     build = ROLLOUT_ENGINES.get(name).load()
     engine: RolloutEngine = build(spec)
-    if spec.tools is None:
-        return engine
+    return engine
+
+
+def with_tools(engine: RolloutEngine, spec: EngineSpec, tools: ToolSettings) -> RolloutEngine:
+    """`engine` returning tool trajectories with `tools` (one environment's, in a mixture: the
+    engine itself is shared, so closing the wrapper closes it)."""
     from gspo_cli.rollout.tools.build import make_tool_parts
     from gspo_cli.rollout.tools.trajectory import ToolUseEngine
 
     fmt, make_toolbox = make_tool_parts(
-        spec.tools, spec.tokenizer, spec.model_name, spec.chat_template_kwargs
+        tools, spec.tokenizer, spec.model_name, spec.chat_template_kwargs
     )
-    return ToolUseEngine(engine, spec.tokenizer, spec.tools, fmt, make_toolbox)
+    return ToolUseEngine(engine, spec.tokenizer, tools, fmt, make_toolbox)

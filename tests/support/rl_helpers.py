@@ -14,6 +14,7 @@ from gspo_cli.rollout.base import SamplingParams
 from gspo_cli.rollout.batch import RolloutBatch
 from gspo_cli.train.engines.torch_engine import TorchEngine
 from gspo_cli.train.run.step_settings import algorithm_settings, collection_settings
+from gspo_cli.train.step.environments import StepEnvironment
 from gspo_cli.train.step.rewards import RewardScores
 from gspo_cli.train.step.settings import StepSettings
 
@@ -47,6 +48,13 @@ def tiny_step(
         pad_id=0 if tokenizer is None else int(tokenizer.pad_token_id),
         **fields,
     )
+
+
+def one_environment(
+    engine: Any, reward: Any, rows: int, sampling: SamplingParams, name: str = "main"
+) -> StepEnvironment:
+    """A step environment of `rows` rows from a test's engine and reward (fakes included)."""
+    return StepEnvironment(name, engine, reward, sampling, range(rows))
 
 
 class LengthParityReward:

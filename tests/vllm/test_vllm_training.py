@@ -2,7 +2,7 @@
 
 On the quickstart's round-3 task (half the cold start unboxed, no slips), where 30 steps move
 held-out accuracy far beyond the evaluation's noise: what is tested is that vLLM rollouts
-train, not what the task teaches."""
+train, not what the task teaches. Both runs start from one cold start (`gspo sft`, once)."""
 
 from __future__ import annotations
 
@@ -13,21 +13,37 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from gspo_cli.runs.folder import COLD_START
 from tests.support.helpers import REPO, invoke_cli
 
+QUICKSTART = str(REPO / "recipes" / "quickstart.yaml")
 FORM_TASK = ("--set", "data.arithmetic.unboxed_rate=0.5", "--set", "data.arithmetic.slip_rate=0")
 
 
-def test_a_short_quickstart_with_vllm_rollouts_learns(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def cold_started(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ...]:
+    """The quickstart's cold start on the form task, trained once (`gspo sft`) for both runs:
+    the options that start a run from it."""
+    out = tmp_path_factory.mktemp("sft") / "run"
+    small_eval = ("--set", "eval.num_problems=1", "--set", "eval.samples=1")
+    result = invoke_cli("sft", QUICKSTART, "--out", str(out), *FORM_TASK, *small_eval)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return ("--set", f"model.path={out / COLD_START}", "--set", "cold_start.enabled=false")
+
+
+def test_a_short_quickstart_with_vllm_rollouts_learns(
+    tmp_path: Path, cold_started: tuple[str, ...]
+) -> None:
     out = tmp_path / "run"
     result = invoke_cli(
         "train",
-        str(REPO / "recipes" / "quickstart.yaml"),
+        QUICKSTART,
         "--out",
         str(out),
         "--set",
         "rollout.engine=vllm",
         *FORM_TASK,
+        *cold_started,
         "--set",
         "trainer.steps=30",
         "--set",
@@ -45,17 +61,20 @@ def test_a_short_quickstart_with_vllm_rollouts_learns(tmp_path: Path) -> None:
     assert last["mismatch_token_abs_mean"] < 1e-4  # fp32 engine and trainer agree
 
 
-def test_a_short_quickstart_with_async_vllm_rollouts_learns(tmp_path: Path) -> None:
+def test_a_short_quickstart_with_async_vllm_rollouts_learns(
+    tmp_path: Path, cold_started: tuple[str, ...]
+) -> None:
     """vLLM in the rollout worker, one step behind the trainer, synced after every step."""
     out = tmp_path / "run"
     result = invoke_cli(
         "train",
-        str(REPO / "recipes" / "quickstart.yaml"),
+        QUICKSTART,
         "--out",
         str(out),
         *("--set", "rollout.engine=vllm"),
         *("--set", "rollout.max_staleness=1"),
         *FORM_TASK,
+        *cold_started,
         *("--set", "trainer.steps=30"),
         *("--set", "eval.every=30"),
         *("--set", "eval.num_problems=100"),

@@ -32,6 +32,8 @@ from gspo_cli.recipe.schema import Recipe
 from gspo_cli.train.async_rollouts.worker import AsyncBatch, WorkerPlan, worker_main
 from gspo_cli.train.engines.distributed import DistContext
 from gspo_cli.train.engines.torch_engine import TrainEngine
+from gspo_cli.train.step.environments import EnvironmentPlan
+from gspo_cli.train.step.sampler import MixtureSampler
 from gspo_cli.train.step.settings import StepSettings
 
 STARTUP_S = 600.0  # the least a worker is given to start (imports, engine: vLLM takes ~45 s)
@@ -83,6 +85,7 @@ class AsyncRollouts:
         engine: TrainEngine,
         tokenizer: PreTrainedTokenizerBase,
         problems: tuple[list[list[int]], list[dict[str, Any]]],
+        environments: tuple[list[EnvironmentPlan], MixtureSampler],
         settings: StepSettings,
         ctx: DistContext,
         device: torch.device,
@@ -90,7 +93,7 @@ class AsyncRollouts:
         self.recipe, self.engine, self.ctx = recipe, engine, ctx
         self.staleness = recipe.rollout.max_staleness
         self.last_step = recipe.trainer.steps
-        self._plan_parts = (problems, tokenizer, settings, str(device))
+        self._plan_parts = (problems, environments, tokenizer, settings, str(device))
         self._staging: nn.Module | None = None
         self._process: Any = None
         self.pending: dict[int, AsyncBatch] = {}
@@ -116,9 +119,10 @@ class AsyncRollouts:
             self._staging = staging_model(self.engine, self.recipe.model.trust_remote_code)
         else:
             self._write_staging()
-        problems, tokenizer, settings, device = self._plan_parts
+        problems, (plans, sampler), tokenizer, settings, device = self._plan_parts
         self.plan = WorkerPlan(
-            self.recipe, problems, tokenizer, settings, DistContext(self.ctx.rank, self.ctx.world),
+            self.recipe, problems, plans, sampler, tokenizer, settings,
+            DistContext(self.ctx.rank, self.ctx.world),
             self.engine.capabilities, device, after_step + 1 + len(saved), self.last_step,
             after_step, rollbacks, saved[-1].sampler_after if saved else sampler_state,
             os.getpid(),

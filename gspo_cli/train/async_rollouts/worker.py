@@ -38,11 +38,15 @@ from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout.base import EngineSpec
-from gspo_cli.rollout.engines import make_rollout_engine
+from gspo_cli.rollout.engines import base_rollout_engine
 from gspo_cli.train.engines.distributed import DistContext
 from gspo_cli.train.step.collection import Collected, PromptSource, collect_step, step_seed
-from gspo_cli.train.step.rewards import WeightedRewards
-from gspo_cli.train.step.sampler import PromptSampler
+from gspo_cli.train.step.environments import (
+    EnvironmentPlan,
+    close_environments,
+    open_environments,
+)
+from gspo_cli.train.step.sampler import MixtureSampler
 from gspo_cli.train.step.settings import StepSettings
 
 
@@ -63,6 +67,8 @@ class WorkerPlan:
 
     recipe: Recipe
     problems: tuple[list[list[int]], list[dict[str, Any]]]  # the training set's (prompts, rows)
+    environments: list[EnvironmentPlan]
+    sampler: MixtureSampler  # the run's, at any position (`sampler_state` sets it)
     tokenizer: PreTrainedTokenizerBase
     settings: StepSettings
     ctx: DistContext  # this rank's place (no process group: the worker runs no collective)
@@ -114,18 +120,20 @@ def _sample(plan: WorkerPlan, staging: nn.Module, inbox: Any, outbox: Any) -> No
         seed=recipe.trainer.seed + plan.ctx.rank,
         options=recipe.rollout.vllm.model_dump(),
         capabilities=plan.capabilities,
-        tools=recipe.tool_settings(),
+        tools=next((p.tools for p in plan.environments if p.tools is not None), None),
         model_name=recipe.model.path,
         chat_template_kwargs=recipe.data.chat_template_kwargs,
     )
-    engine = make_rollout_engine(recipe.rollout.engine, spec)
-    sampler = PromptSampler(len(plan.problems[1]), recipe.data.seed + recipe.trainer.seed)
+    engine = base_rollout_engine(recipe.rollout.engine, spec)
+    sampler = plan.sampler
     sampler.load_state_dict(plan.sampler_state)
-    source = PromptSource(*plan.problems, sampler)
     version = published = plan.start_version
     try:
         with MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s) as pool:
-            reward = WeightedRewards(recipe.reward, RewardServices(math_pool=pool))
+            environments = open_environments(
+                plan.environments, engine, spec, RewardServices(math_pool=pool)
+            )
+            source = PromptSource(*plan.problems, sampler, environments)
             outbox.put(("ready", None))
             try:
                 for step in range(plan.first_step, plan.last_step + 1):
@@ -143,10 +151,10 @@ def _sample(plan: WorkerPlan, staging: nn.Module, inbox: Any, outbox: Any) -> No
                     seed = step_seed(recipe.trainer.seed, step, plan.rollbacks)
                     torch.manual_seed(seed)  # unseeded sampling: one stream per step
                     before = sampler.state_dict()
-                    collected = collect_step(engine, reward, source, plan.settings, seed, plan.ctx)
+                    collected = collect_step(source, plan.settings, seed, plan.ctx)
                     batch = AsyncBatch(step, version, collected, before, sampler.state_dict())
                     outbox.put(("batch", pickle.dumps(batch)))
             finally:
-                reward.close()
+                close_environments(environments)
     finally:
         engine.close()

@@ -12,7 +12,7 @@ from gspo_cli.eval.generation import generate_and_judge
 from gspo_cli.rewards.context import RewardContext
 from gspo_cli.rewards.judges import make_judge
 from gspo_cli.rewards.judges.reward import ERRORS, PARSE_FAILURES
-from gspo_cli.train.run.problem_sets import eval_format, eval_params
+from gspo_cli.train.run.problem_sets import eval_format, eval_params, tool_prompts
 
 if TYPE_CHECKING:
     from gspo_cli.train.run.prepare import PreparedRun
@@ -29,7 +29,7 @@ def judge_heldout(run: PreparedRun, step: int) -> dict[str, float]:
         return {}
     params = eval_params(recipe)
     records = generate_and_judge(
-        run.rollout_engine,
+        run.step_environments[0].rollout,  # validation: one environment with a held-out judge
         run.tokenizer,
         run.eval_problems,
         params,
@@ -37,7 +37,7 @@ def judge_heldout(run: PreparedRun, step: int) -> dict[str, float]:
         math_pool=run.math_pool,
         prompt_for=lambda p: p.question,
         prompt_format=eval_format(recipe),
-        tools=run.tool_schemas,
+        tools=tool_prompts(recipe),
     )
     problems = {p.id: p for p in run.eval_problems}
     completions: list[str] = []
@@ -56,7 +56,8 @@ def judge_heldout(run: PreparedRun, step: int) -> dict[str, float]:
     }
     metrics: dict[str, float] = {}
     for label, options in judges.items():
-        context = RewardContext(run.reward.context.cache_path, run.reward.context.device)
+        shared = run.step_environments[0].reward.context
+        context = RewardContext(shared.cache_path, shared.device)
         try:
             scores = make_judge(options).score(completions, prompts, answers, context)
         except ValueError as exc:  # on_error: fail

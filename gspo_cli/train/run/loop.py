@@ -20,6 +20,7 @@ from rich.console import Console
 from gspo_cli.models.loading import convert_first
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.math_verifier import MathVerifierPool
+from gspo_cli.rollout.base import RolloutEngine
 from gspo_cli.rollout.hf import HFGenerateEngine
 from gspo_cli.runs.collapse import CollapseDetector, HeldoutSize
 from gspo_cli.runs.folder import (
@@ -34,6 +35,7 @@ from gspo_cli.train.engines.device import peak_memory_mb, resolve_device
 from gspo_cli.train.engines.torch_engine import UpdateFailed
 from gspo_cli.train.run.cold_start import load_recipe_model, run_cold_start
 from gspo_cli.train.run.console import TrainingDisplay, heldout_change
+from gspo_cli.train.run.environments import RunEnvironment, load_environments, mixed_heldout
 from gspo_cli.train.run.folder import prepare_run_dir
 from gspo_cli.train.run.guard import Guard
 from gspo_cli.train.run.guard_actions import carry_out
@@ -41,7 +43,12 @@ from gspo_cli.train.run.heldout import heldout_accuracy
 from gspo_cli.train.run.heldout_judge import judge_heldout
 from gspo_cli.train.run.log import RunLog, TrainResult, write_summary
 from gspo_cli.train.run.prepare import PreparedRun, prepare_run
-from gspo_cli.train.run.problem_sets import Problems, eval_format, eval_params, run_problems
+from gspo_cli.train.run.problem_sets import (
+    Problems,
+    eval_format,
+    eval_params,
+    tool_prompts,
+)
 from gspo_cli.train.run.reference import refresh
 from gspo_cli.train.run.signals import stop_on_signals
 from gspo_cli.train.step.collection import PromptSource, collect_step, short_notice, step_seed
@@ -66,33 +73,51 @@ def train(
 
 
 def _evaluate(run: PreparedRun, step: int) -> float:
+    """Held-out accuracy of every environment (each its own problems, samples and format);
+    with several, their weighted mean (train/run/environments.py) and each under env/NAME/."""
     # Every rank evaluates the same problems with the same seed (ZeRO-3 needs them all in
     # each forward); rank 0 records the result.
-    params = eval_params(run.recipe)
     started = time.perf_counter()
-    run.console.print(
-        f"held-out evaluation at step {step}: {len(run.eval_problems)} problems x "
-        f"{params.num_samples} samples ...",
-        highlight=False,
+    values = {
+        env.name: _evaluate_environment(run, env, run.step_environments[e].rollout, step)
+        for e, env in enumerate(run.environments.environments)
+    }
+    mixed = run.environments.several
+    result = (
+        mixed_heldout(run.environments.environments, values)
+        if mixed
+        else next(iter(values.values()))
     )
-    values = heldout_accuracy(
-        run.rollout_engine,
-        run.tokenizer,
-        run.eval_problems,
-        params,
-        run.recipe.trainer.seed + 7,
-        run.math_pool,
-        eval_format(run.recipe),
-        run.tool_schemas,
-    )
-    run.log.evaluation(step, values)
+    run.log.evaluation(step, result)
     if step > 0:  # step 0 is reported as "before RL"
         run.console.print(
-            f"held-out accuracy at step {step}: {values['accuracy']:.1%} "
+            f"held-out accuracy at step {step}: {result['accuracy']:.1%} "
             f"({time.perf_counter() - started:.0f}s)",
             highlight=False,
         )
-    return values["accuracy"]
+    return result["accuracy"]
+
+
+def _evaluate_environment(
+    run: PreparedRun, env: RunEnvironment, engine: RolloutEngine, step: int
+) -> dict[str, float]:
+    params = eval_params(env.recipe)
+    where = f" of {env.name}" if run.environments.several else ""
+    run.console.print(
+        f"held-out evaluation{where} at step {step}: {len(env.heldout)} problems x "
+        f"{params.num_samples} samples ...",
+        highlight=False,
+    )
+    return heldout_accuracy(
+        engine,
+        run.tokenizer,
+        env.heldout,
+        params,
+        run.recipe.trainer.seed + 7,
+        run.math_pool,
+        eval_format(env.recipe),
+        tool_prompts(env.recipe),
+    )
 
 
 def run_loop(run: PreparedRun) -> TrainResult:
@@ -178,9 +203,9 @@ def _one_step(run: PreparedRun, step: int) -> tuple[Any, dict[str, float]]:
     seed = step_seed(recipe.trainer.seed, step, run.state.rollbacks)
     if run.rollouts is None:
         collected = collect_step(
-            run.rollout_engine,
-            run.reward,
-            PromptSource(run.train_set.prompts, run.train_set.rows, run.sampler),
+            PromptSource(
+                run.train_set.prompts, run.train_set.rows, run.sampler, run.step_environments
+            ),
             run.settings,
             seed,
             ctx,
@@ -200,7 +225,7 @@ def _one_step(run: PreparedRun, step: int) -> tuple[Any, dict[str, float]]:
     output.index = collected.index
     refresh(run.ref_engine, recipe.algorithm.ref_update_every, step, run.engine)  # KL reference
     metrics = {**output.metrics, **collected.metrics}
-    if collected.metrics:  # dynamic sampling: reward_mean is every generated response's
+    if "dynamic_sampling_rounds" in collected.metrics:  # reward_mean: every generated response's
         metrics["dynamic_sampling_batch_reward_mean"] = output.metrics["reward_mean"]
     if run.rollouts is not None:
         run.rollouts.publish(step)  # the weights after this step, for step + 1 + N's batch
@@ -220,7 +245,7 @@ def _start_rollouts(run: PreparedRun) -> None:
     checkpoint saved (train/async_rollouts/trainer.py)."""
     run.rollouts = AsyncRollouts(
         run.recipe, run.engine, run.tokenizer, (run.train_set.prompts, run.train_set.rows),
-        run.settings, run.ctx, run.device,
+        (run.environments.plans(), run.sampler), run.settings, run.ctx, run.device,
     )  # fmt: skip
     saved = []
     if run.start:
@@ -270,22 +295,28 @@ def run_sft_only(
     prepare_run_dir(run_dir, False, recipe_yaml)
     device = resolve_device(recipe.trainer.device)
     model, tokenizer = load_recipe_model(recipe)
-    problems = run_problems(recipe, tokenizer)
-    for line in problems.notes:
+    environments = load_environments(recipe, tokenizer)
+    for line in environments.notes:
         console.print(line, highlight=False, soft_wrap=True)
     model = run_cold_start(
-        recipe, model.to(device), tokenizer, problems.train, run_dir, console
+        recipe, model.to(device), tokenizer, environments.cold_start_set(), run_dir, console
     ).to(device)
+    engine = HFGenerateEngine(model, tokenizer)
     with MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s) as math_pool:
-        values = heldout_accuracy(
-            HFGenerateEngine(model, tokenizer),
-            tokenizer,
-            problems.heldout,
-            eval_params(recipe),
-            recipe.trainer.seed + 7,
-            math_pool,
-            eval_format(recipe),
-        )
+        values = {
+            env.name: heldout_accuracy(
+                engine,
+                tokenizer,
+                env.heldout,
+                eval_params(env.recipe),
+                recipe.trainer.seed + 7,
+                math_pool,
+                eval_format(env.recipe),
+            )
+            for env in environments.environments
+        }
+    several = environments.several
+    values = mixed_heldout(environments.environments, values) if several else values["main"]
     RunLog(run_dir).evaluation(0, values)
     console.print(f"held-out accuracy after cold start: {values['accuracy']:.1%}", highlight=False)
     console.print(f"HF checkpoint: {run_dir / COLD_START}", highlight=False)

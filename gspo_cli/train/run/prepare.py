@@ -28,7 +28,7 @@ from gspo_cli.rewards.binding import RewardServices
 from gspo_cli.rewards.context import RewardContext
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout.base import EngineSpec, RolloutEngine
-from gspo_cli.rollout.engines import make_rollout_engine
+from gspo_cli.rollout.engines import base_rollout_engine
 from gspo_cli.runs.folder import CHECKPOINTS, COLD_START, judge_cache_file, step_folder
 from gspo_cli.train.async_rollouts.trainer import AsyncRollouts
 from gspo_cli.train.engines.adapters import (
@@ -49,10 +49,11 @@ from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import FrozenPolicy, TrainEngine
 from gspo_cli.train.run.checkpoint import latest_checkpoint, save_checkpoint
 from gspo_cli.train.run.cold_start import load_recipe_model, run_cold_start
+from gspo_cli.train.run.environments import RunEnvironments, any_tools, load_environments
 from gspo_cli.train.run.folder import prepare_run_dir
 from gspo_cli.train.run.guard import rollback_target
 from gspo_cli.train.run.log import RunLog, start_wandb
-from gspo_cli.train.run.problem_sets import Problems, run_problems, tool_prompts
+from gspo_cli.train.run.problem_sets import Problems
 from gspo_cli.train.run.reference import BaseReference, reference_state
 from gspo_cli.train.run.resume import resume_changes, resume_from_checkpoint
 from gspo_cli.train.run.signals import StopRequest
@@ -60,8 +61,12 @@ from gspo_cli.train.run.state import RunState
 from gspo_cli.train.run.step_settings import step_settings
 from gspo_cli.train.run.teacher import check_teacher, load_teacher
 from gspo_cli.train.step.distill import Teacher
-from gspo_cli.train.step.rewards import WeightedRewards
-from gspo_cli.train.step.sampler import PromptSampler
+from gspo_cli.train.step.environments import (
+    StepEnvironment,
+    close_environments,
+    open_environments,
+)
+from gspo_cli.train.step.sampler import MixtureSampler
 from gspo_cli.train.step.settings import StepSettings
 
 
@@ -73,14 +78,13 @@ class PreparedRun:
     run_dir: Path
     console: Console
     tokenizer: PreTrainedTokenizerBase
-    train_set: Problems
-    eval_problems: list[Problem]
+    environments: RunEnvironments  # their problems, held-out sets and weights
     engine: TrainEngine
-    rollout_engine: RolloutEngine
+    rollout_engine: RolloutEngine  # the run's one engine (the environments wrap it for tools)
     ref_engine: FrozenPolicy | None
-    reward: WeightedRewards
+    step_environments: list[StepEnvironment]  # each with its rewards and sampling
     math_pool: MathVerifierPool
-    sampler: PromptSampler
+    sampler: MixtureSampler
     log: RunLog
     settings: StepSettings
     state: RunState  # where the run is; `start` is its step when the loop began
@@ -90,15 +94,20 @@ class PreparedRun:
     teacher: Teacher | None = None  # algorithm.distill: the frozen teacher
 
     @property
-    def tool_schemas(self) -> list[dict[str, Any]] | None:
-        """The tools prompts show (a chat template's tool calls), else None."""
-        return tool_prompts(self.recipe)
+    def train_set(self) -> Problems:
+        """Every environment's training problems, one after the other."""
+        return self.environments.train
+
+    @property
+    def eval_problems(self) -> list[Problem]:
+        """Every environment's held-out problems."""
+        return [p for env in self.environments.environments for p in env.heldout]
 
     def close(self) -> None:
         if self.rollouts is not None:
             self.rollouts.close()
         self.log.close()
-        self.reward.close()  # the worker process of users' reward functions
+        close_environments(self.step_environments)  # users' reward functions' workers
         self.math_pool.close()
         self.rollout_engine.close()
 
@@ -164,11 +173,11 @@ def prepare_run(
     teacher = load_teacher(recipe, device, console)
     torch.manual_seed(recipe.trainer.seed)
     model, tokenizer = load_recipe_model(recipe)
-    problems = run_problems(recipe, tokenizer)
-    for line in problems.notes:
+    environments = load_environments(recipe, tokenizer)
+    for line in environments.notes:
         console.print(line, highlight=False, soft_wrap=True)
-    train_set, eval_problems = problems.train, problems.heldout
-    model = _after_cold_start(recipe, model.to(device), tokenizer, train_set, run_dir, ctx, console)
+    sft_set = environments.cold_start_set()
+    model = _after_cold_start(recipe, model.to(device), tokenizer, sft_set, run_dir, ctx, console)
     model.to(device)
     if recipe.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -178,10 +187,11 @@ def prepare_run(
     engine = make_engine(recipe.trainer.engine, model, engine_settings(recipe), ctx)
     if engine.adapters is not None:
         ref_engine = _lora_start(recipe, engine, engine.adapters, run_dir, console)
-    rollout_engine = _rollout_engine(recipe, engine, tokenizer, ctx)
+    rollout_engine, spec = _rollout_engine(recipe, engine, tokenizer, ctx)
     math_pool = MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s)
-    reward = WeightedRewards(recipe.reward, _reward_services(math_pool, run_dir, ctx.rank, device))
-    sampler = PromptSampler(len(train_set.rows), recipe.data.seed + recipe.trainer.seed)
+    services = _reward_services(math_pool, run_dir, ctx.rank, device)
+    step_environments = open_environments(environments.plans(), rollout_engine, spec, services)
+    sampler = environments.sampler(recipe.data.seed + recipe.trainer.seed)
     wandb_run = _wandb(recipe, run_dir, resume) if ctx.is_main else None
     log = RunLog(run_dir, wandb_run, enabled=ctx.is_main)
     state = RunState()
@@ -193,8 +203,8 @@ def prepare_run(
         torch.manual_seed(recipe.trainer.seed)
     settings = step_settings(recipe, int(tokenizer.pad_token_id), ctx.world)
     return PreparedRun(
-        recipe, ctx, device, run_dir, console, tokenizer, train_set, eval_problems, engine,
-        rollout_engine, ref_engine, reward, math_pool, sampler, log, settings, state,
+        recipe, ctx, device, run_dir, console, tokenizer, environments, engine,
+        rollout_engine, ref_engine, step_environments, math_pool, sampler, log, settings, state,
         stop or StopRequest(), state.step, teacher=teacher,
     )  # fmt: skip
 
@@ -214,8 +224,9 @@ def _processes(recipe: Recipe) -> tuple[DistContext, torch.device]:
 
 def _rollout_engine(
     recipe: Recipe, engine: TrainEngine, tokenizer: PreTrainedTokenizerBase, ctx: DistContext
-) -> RolloutEngine:
-    """This process's rollout engine, on the training engine's model."""
+) -> tuple[RolloutEngine, EngineSpec]:
+    """This process's rollout engine, on the training engine's model, without tools (each
+    environment wraps it with its own), and the spec it was built from."""
     synced = engine.partitions_weights and ctx.world > 1
     local = _local_rollout_engine(recipe, synced)
     spec = EngineSpec(
@@ -226,11 +237,11 @@ def _rollout_engine(
         synced_gpus=synced,
         options=recipe.rollout.vllm.model_dump(),
         capabilities=engine.capabilities,
-        tools=recipe.tool_settings(),
+        tools=any_tools(recipe),
         model_name=recipe.model.path,
         chat_template_kwargs=recipe.data.chat_template_kwargs,
     )
-    return make_rollout_engine(local, spec)
+    return base_rollout_engine(local, spec), spec
 
 
 def _reward_services(
@@ -247,7 +258,7 @@ def _local_rollout_engine(recipe: Recipe, synced: bool) -> str:
     (which sample in the worker) HF for held-out evals on the policy itself."""
     local = "hf" if recipe.rollout.max_staleness else recipe.rollout.engine
     shares_weights = not ROLLOUT_ENGINES.get(local).keeps_own_weights
-    if synced and shares_weights and recipe.rollout.tools is not None:
+    if synced and shares_weights and any_tools(recipe) is not None:
         # ZeRO-3's (and expert parallelism's) generate runs every forward on every rank
         # together, and tool trajectories take as many turns as their own calls: the ranks
         # would wait on each other

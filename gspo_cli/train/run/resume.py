@@ -25,7 +25,7 @@ from gspo_cli.train.engines.torch_engine import FrozenPolicy, TrainEngine
 from gspo_cli.train.run.checkpoint import latest_checkpoint
 from gspo_cli.train.run.log import RunLog
 from gspo_cli.train.run.state import RunState, restore_checkpoint
-from gspo_cli.train.step.sampler import PromptSampler
+from gspo_cli.train.step.sampler import MixtureSampler
 
 # What may change on resume (whole sections end in "."): nothing the checkpoint was made with.
 RESUMABLE_CHANGES = (
@@ -115,7 +115,7 @@ def resume_from_checkpoint(
     run_dir: Path,
     recipe: Recipe,
     engine: TrainEngine,
-    sampler: PromptSampler,
+    sampler: MixtureSampler,
     log: RunLog,
     reference: FrozenPolicy | None,
     ctx: DistContext,

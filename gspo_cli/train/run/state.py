@@ -15,7 +15,7 @@ from gspo_cli.train.engines.torch_engine import FrozenPolicy, TrainEngine
 from gspo_cli.train.run.checkpoint import checkpoint_at_or_before, load_trainer_state, set_rng_state
 from gspo_cli.train.run.log import RunLog
 from gspo_cli.train.run.reference import restore_reference
-from gspo_cli.train.step.sampler import PromptSampler
+from gspo_cli.train.step.sampler import MixtureSampler
 
 
 @dataclass
@@ -26,7 +26,9 @@ class RunState:
     rollbacks: int = 0  # they enter the sampling seeds
     lr_scale: float = 1.0  # the rollbacks' factors on recipe.optimizer.lr, multiplied
 
-    def trainer_state(self, sampler: PromptSampler, world: int, recipe_lr: float) -> dict[str, Any]:
+    def trainer_state(
+        self, sampler: MixtureSampler, world: int, recipe_lr: float
+    ) -> dict[str, Any]:
         """What a checkpoint's trainer state holds of it (the RNGs and the step are added by
         checkpoint.save_checkpoint)."""
         return {
@@ -50,7 +52,7 @@ def restore_checkpoint(
     folder: Path,
     *,
     engine: TrainEngine,
-    sampler: PromptSampler,
+    sampler: MixtureSampler,
     log: RunLog,
     reference: FrozenPolicy | None,
     ref_update_every: int,

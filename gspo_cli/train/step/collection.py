@@ -1,5 +1,6 @@
 """A step's collection phase: G responses per prompt generated and scored (`collect_groups`,
-one round), in rounds with DAPO dynamic sampling (`collect_step`; arXiv 2503.14476, Sec. 3.2).
+one round of one environment; `collect_mixed`, each environment its own prompts), in rounds with
+DAPO dynamic sampling (`collect_step`; arXiv 2503.14476, Sec. 3.2).
 
 Without dynamic sampling a step draws `rollout.num_prompts` (Q) prompts and each rank generates
 and scores its share, Q / world whole groups. With it, the step runs rounds: each round draws Q
@@ -28,8 +29,8 @@ after `rollout.dynamic_sampling_max_rounds`. A group of one response is kept (ve
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -40,8 +41,16 @@ from gspo_cli.core.errors import GspoError
 from gspo_cli.rewards.environment import ENVIRONMENT_REWARD
 from gspo_cli.rollout.base import RolloutEngine
 from gspo_cli.train.engines.distributed import DistContext
+from gspo_cli.train.step.environments import (
+    ENV_PREFIX,
+    StepEnvironment,
+    environment_at,
+    environment_means,
+    environment_metrics,
+    with_tool_fields,
+)
 from gspo_cli.train.step.rewards import WeightedRewards
-from gspo_cli.train.step.sampler import PromptSampler
+from gspo_cli.train.step.sampler import MixtureSampler, PromptSampler
 from gspo_cli.train.step.scored import ScoredGroups, concat_groups, select_groups
 from gspo_cli.train.step.settings import CollectionSettings, StepSettings
 
@@ -53,12 +62,14 @@ PROMPT_SEED_STRIDE = 7919  # prompt i of a round samples with seed round_seed x 
 
 @dataclass(frozen=True)
 class PromptSource:
-    """Where a step draws its prompts from: the training set's prompts and data rows, and the
-    sampler whose position (checkpointed) says which come next."""
+    """Where a step draws its prompts from: the run's prompts and data rows (every environment's,
+    one after the other), the sampler whose position (checkpointed) says which come next, and
+    the environments that generate and score them."""
 
     prompts: list[list[int]]
     rows: list[dict[str, Any]]
-    sampler: PromptSampler
+    sampler: PromptSampler | MixtureSampler
+    environments: Sequence[StepEnvironment]
 
 
 @dataclass
@@ -134,9 +145,60 @@ def collect_groups(
     )  # fmt: skip
 
 
+def collect_mixed(
+    environments: Sequence[StepEnvironment],
+    index: list[int],
+    prompts: list[list[int]],
+    rows: list[dict[str, Any]],
+    settings: StepSettings,
+    seeds: list[int] | None,
+    *,
+    sync: bool,
+) -> ScoredGroups:
+    """The groups of run rows `index` (with their `prompts` and `rows`), in that order: each
+    environment generates and scores its own at once, with its sampling."""
+    labels = [environment_at(environments, row) for row in index]  # [groups]
+    parts: dict[int, ScoredGroups] = {}
+    for e in dict.fromkeys(labels):  # environments in first-drawn order
+        mine = [i for i, label in enumerate(labels) if label == e]
+        env = environments[e]
+        parts[e] = collect_groups(
+            env.rollout,
+            env.reward,
+            [prompts[i] for i in mine],
+            [rows[i] for i in mine],
+            replace(settings, sampling=env.sampling),
+            None if seeds is None else [seeds[i] for i in mine],
+            sync=sync and not parts,  # the environments share one engine's weights
+        )
+    if len(parts) == 1:
+        return parts[labels[0]]
+    return _in_draw_order(environments, labels, parts)
+
+
+def _in_draw_order(
+    environments: Sequence[StepEnvironment], labels: list[int], parts: dict[int, ScoredGroups]
+) -> ScoredGroups:
+    """One batch of each environment's groups, back in draw order; reward metrics per
+    environment (env/NAME/reward/...)."""
+    taken = dict.fromkeys(parts, 0)
+    ordered = []
+    for label in labels:
+        ordered.append(with_tool_fields(select_groups(parts[label], [taken[label]])))
+        taken[label] += 1
+    metrics = {
+        f"{ENV_PREFIX}{environments[e].name}/{key}": value
+        for e, part in parts.items()
+        for key, value in part.reward_metrics.items()
+    }
+    times = (
+        sum(p.time_rollout_s for p in parts.values()),
+        sum(p.time_reward_s for p in parts.values()),
+    )
+    return concat_groups(ordered, metrics, times)
+
+
 def collect_step(
-    rollout_engine: RolloutEngine,
-    reward: WeightedRewards,
     source: PromptSource,
     settings: StepSettings,
     step_seed: int,
@@ -155,9 +217,9 @@ def collect_step(
     for number in range(how.max_rounds if how.dynamic else 1):
         index = source.sampler.next(q)  # the same on every rank
         seed = round_seed(step_seed, number)
-        scored = collect_groups(
-            rollout_engine,
-            reward,
+        scored = collect_mixed(
+            source.environments,
+            [index[i] for i in mine],
             [prompts[index[i]] for i in mine],
             [rows[index[i]] for i in mine],
             settings,
@@ -165,7 +227,7 @@ def collect_step(
             sync=number == 0,  # the weights do not change between rounds
         )
         if not how.dynamic:
-            return Collected(scored, index, mine.start)
+            return _per_environment(Collected(scored, index, mine.start), source, ctx)
         flags = mixed_groups(torch.tensor(scored.rewards), scored.group_size).tolist()  # [Q/W]
         sums = (sum(scored.rewards), sum(scored.correct), len(scored.rewards))
         gathered = ctx.all_gather((flags, sums))
@@ -183,7 +245,19 @@ def collect_step(
             break
     if kept == 0:  # the same on every rank: the flags were gathered
         raise GspoError(nothing_kept(len(rounds), how))
-    return _assemble(rounds, q, ctx)
+    return _per_environment(_assemble(rounds, q, ctx), source, ctx)
+
+
+def _per_environment(collected: Collected, source: PromptSource, ctx: DistContext) -> Collected:
+    """`collected` with the batch's env/NAME/... metrics when the run has several environments
+    (one all-gather with several ranks)."""
+    if len(source.environments) < 2:
+        return collected
+    sums = environment_metrics(
+        source.environments, collected.index, collected.scored, collected.group_offset
+    )
+    collected.metrics.update(environment_means(ctx.all_gather(sums)))
+    return collected
 
 
 def round_line(number: int, max_rounds: int, kept: int, q: int) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from gspo_cli.algorithms import mismatch_metrics
@@ -117,8 +119,9 @@ def form_metrics(scored: ScoredGroups) -> dict[str, float]:
         ("answered", scored.answered),
         ("accuracy_any_form", scored.correct_any_form),
     ):
-        if values:
-            out[key] = sum(values) / len(values)
+        measured = [v for v in values or [] if not math.isnan(v)]
+        if measured:
+            out[key] = sum(measured) / len(measured)
     return out
 
 

@@ -36,3 +36,69 @@ class PromptSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._order = self._permutation()
+
+
+# Environment e > 0 shuffles its prompts with the run's seed plus e x this prime; environment 0
+# keeps the run's seed, so a one-environment run draws exactly what a single-task run did.
+ENVIRONMENT_SEED_STRIDE = 1_000_033
+
+
+class MixtureSampler:
+    """Prompts from several environments (recipe `environments`), in one index space: the rows of
+    environment e are `offsets[e] ..`. Each draw picks an environment by smooth weighted round
+    robin (each gains its weight in credit, the richest is drawn and pays the total), so every
+    span of draws holds each environment's share to within one prompt and the order depends on
+    nothing but the weights; then that environment's next prompt in its own shuffled order. One
+    environment is exactly a `PromptSampler`, checkpoints included."""
+
+    def __init__(self, sizes: list[int], weights: list[float], seed: int) -> None:
+        if len(sizes) != len(weights) or not any(w > 0 for w in weights):
+            raise ValueError("a mixture needs one weight per environment, not all 0")
+        self.samplers = [
+            PromptSampler(size, seed + ENVIRONMENT_SEED_STRIDE * e) for e, size in enumerate(sizes)
+        ]
+        self.offsets = [sum(sizes[:e]) for e in range(len(sizes))]
+        self.weights = list(weights)
+        self.credits = [0.0] * len(sizes)
+
+    @property
+    def size(self) -> int:
+        return sum(s.size for s in self.samplers)
+
+    def environment_of(self, index: int) -> int:
+        """The environment whose rows hold run row `index`."""
+        return max(e for e, offset in enumerate(self.offsets) if offset <= index)
+
+    def next(self, count: int) -> list[int]:
+        """The next `count` run row indices."""
+        if len(self.samplers) == 1:
+            return self.samplers[0].next(count)
+        return [self._draw() for _ in range(count)]
+
+    def _draw(self) -> int:
+        total = sum(self.weights)
+        self.credits = [c + w for c, w in zip(self.credits, self.weights, strict=True)]
+        e = max(range(len(self.credits)), key=lambda k: (self.credits[k], -k))
+        self.credits[e] -= total
+        return self.offsets[e] + self.samplers[e].next(1)[0]
+
+    def state_dict(self) -> dict[str, Any]:
+        if len(self.samplers) == 1:
+            return self.samplers[0].state_dict()
+        return {
+            "credits": list(self.credits),
+            "environments": [s.state_dict() for s in self.samplers],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if len(self.samplers) == 1:
+            self.samplers[0].load_state_dict(state)
+            return
+        if len(state.get("environments", [])) != len(self.samplers):
+            raise ValueError(
+                f"the checkpoint's sampler has {len(state.get('environments', [1]))} "
+                f"environments, the recipe {len(self.samplers)}"
+            )
+        self.credits = [float(c) for c in state["credits"]]
+        for sampler, saved in zip(self.samplers, state["environments"], strict=True):
+            sampler.load_state_dict(saved)

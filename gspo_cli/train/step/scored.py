@@ -27,7 +27,8 @@ class ScoredGroups:
     reward_metrics: dict[str, float] = field(default_factory=dict)  # reward/<name>/mean
     time_rollout_s: float = 0.0
     time_reward_s: float = 0.0
-    # [N] answer forms (train/step/rewards.py RewardScores), None when not measured
+    # [N] answer forms (train/step/rewards.py RewardScores), None when not measured; NaN for
+    # the responses of an environment that does not measure them, in a mixture
     answered: list[float] | None = None
     correct_any_form: list[float] | None = None
 
@@ -75,11 +76,17 @@ def _pick(values: list[float] | None, rows: list[int]) -> list[float] | None:
     return None if values is None else [values[r] for r in rows]
 
 
-def _joined(parts: list[list[float] | None]) -> list[float] | None:
-    """Per-response values of every part one after the other; None unless all parts have them."""
-    if any(part is None for part in parts):
+def _joined(parts: list[ScoredGroups], name: str) -> list[float] | None:
+    """Per-response values `name` of every part one after the other; None when no part has
+    them, NaN (not measured) for the responses of a part without them (an environment whose
+    reward does not measure answer forms, in a mixture)."""
+    values = [getattr(part, name) for part in parts]
+    if all(v is None for v in values):
         return None
-    return [value for part in parts if part is not None for value in part]
+    nan = float("nan")
+    return [
+        x for part, v in zip(parts, values, strict=True) for x in v or [nan] * len(part.rewards)
+    ]
 
 
 def concat_groups(
@@ -104,6 +111,6 @@ def concat_groups(
         [k for part in parts for k in part.in_loss],
         reward_metrics,
         *times,
-        _joined([part.answered for part in parts]),
-        _joined([part.correct_any_form for part in parts]),
+        _joined(parts, "answered"),
+        _joined(parts, "correct_any_form"),
     )

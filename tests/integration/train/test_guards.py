@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,7 @@ def test_lr_1e30_rolls_back_with_fresh_rollouts_and_a_compounded_lower_lr(
     out = tmp_path / "run"
     run = prepare_run(recipe, dump_recipe_yaml(recipe), out, False, Console(quiet=True))
     recorder = _Recording(run.rollout_engine)
-    run.rollout_engine = recorder
+    run.step_environments = [replace(run.step_environments[0], rollout=recorder)]
     try:
         with pytest.raises(GspoError, match="stopped at step"):
             run_loop(run)

@@ -17,7 +17,8 @@ from gspo_cli.train.engines.distributed import LOCAL
 def _plan(staleness: int, start: int) -> WorkerPlan:
     recipe = Recipe.model_validate({"rollout": {"max_staleness": staleness}})
     return WorkerPlan(
-        recipe, ([], []), None, None, LOCAL, None, "cpu", start + 1, 10, start, 0, {}, 0,  # type: ignore[arg-type]
+        recipe, ([], []), [], None, None, None, LOCAL, None, "cpu", start + 1, 10, start, 0, {},
+        0,  # type: ignore[arg-type]
     )  # fmt: skip
 
 

@@ -27,11 +27,12 @@ from gspo_cli.train.step.collection import (
 from gspo_cli.train.step.rewards import RewardScores
 from gspo_cli.train.step.sampler import PromptSampler
 from gspo_cli.train.step.settings import CollectionSettings, StepSettings
-from tests.support.rl_helpers import tiny_step
+from tests.support.rl_helpers import one_environment, tiny_step
 
 G, Q, ROWS = 2, 4, 10
 # PromptSampler(10, seed=0) draws 4, 1, 7, 5 | 3, 9, 0, 8 | 6, 2, then a new epoch.
 ORDER = [4, 1, 7, 5, 3, 9, 0, 8, 6, 2]
+PARAMS = SamplingParams(max_new_tokens=8, num_samples=G)
 
 
 class RowEngine:
@@ -78,9 +79,19 @@ class SomeUniformReward:
         return RewardScores(scores, scores, {"reward/fake/mean": sum(scores) / len(scores)})
 
 
+def _source(
+    problems: tuple[list[list[int]], list[dict[str, Any]]],
+    sampler: PromptSampler,
+    uniform: set[int],
+) -> PromptSource:
+    """The rows `problems` as one environment with a RowEngine and SomeUniformReward(uniform)."""
+    env = one_environment(RowEngine(), SomeUniformReward(uniform), len(problems[0]), PARAMS)
+    return PromptSource(*problems, sampler, [env])
+
+
 def _settings(dynamic: bool = False, max_rounds: int = 1) -> StepSettings:
     """A step of Q prompts, each seeded on its own, with dynamic sampling or not."""
-    params = SamplingParams(max_new_tokens=8, num_samples=G)
+    params = PARAMS
     how = CollectionSettings(
         num_prompts=Q, per_prompt_seeds=True, dynamic=dynamic, max_rounds=max_rounds,
         round_limit=MAX_DYNAMIC_SAMPLING_ROUNDS,
@@ -98,7 +109,7 @@ def _collect(
     problems = ([[k] for k in range(ROWS)], [{"id": k} for k in range(ROWS)])
     settings = _settings(dynamic=True, max_rounds=max_rounds)
     collected = collect_step(
-        RowEngine(), SomeUniformReward(uniform), PromptSource(*problems, sampler), settings, 11,
+        _source(problems, sampler, uniform), settings, 11,
         ctx, note,
     )  # type: ignore[arg-type]  # fmt: skip
     return collected, sampler
@@ -226,7 +237,7 @@ def test_without_dynamic_sampling_one_round_keeps_every_group() -> None:
     sampler = PromptSampler(ROWS, seed=0)
     problems = ([[k] for k in range(ROWS)], [{"id": k} for k in range(ROWS)])
     collected = collect_step(
-        RowEngine(), SomeUniformReward({1}), PromptSource(*problems, sampler),
+        _source(problems, sampler, {1}),
         _settings(), 11, LOCAL,
     )  # type: ignore[arg-type]  # fmt: skip
     assert _rows_of(collected) == ORDER[:Q] and collected.metrics == {}

@@ -1,0 +1,105 @@
+"""A run on two environments (recipe `environments`): each step draws them by weight, each
+generates with its own budget and scores with its own rewards, metrics and held-out accuracy come
+per environment with the weighted mean, and a killed run resumes record for record."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.helpers import run_cli, run_metrics, train_until_checkpoint
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3
+ENVIRONMENTS = [
+    {"name": "sums", "weight": 3},
+    {
+        "name": "chain",
+        "weight": 1,
+        "data": {
+            "source": "reasoning_gym:chain_sum",
+            "reasoning_gym": {
+                "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+                "size": 60,
+                "eval_size": 8,
+            },
+        },
+        "reward": [{"name": "reasoning_gym"}],
+        "max_new_tokens": 12,
+        "eval": {"num_problems": 3, "samples": 1},
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def mixture(tmp_path_factory: pytest.TempPathFactory, sft_checkpoint: Path) -> Path:
+    from tests.support.helpers import write_recipe
+
+    folder = tmp_path_factory.mktemp("mixture")
+    return write_recipe(
+        folder,
+        {
+            "model": {"path": str(sft_checkpoint)},
+            "environments": ENVIRONMENTS,
+            "trainer": {"steps": STEPS, "checkpoint_every": 1, "out_dir": str(folder / "runs")},
+            "eval": {"every": STEPS},
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def straight(mixture: Path) -> Path:
+    out = mixture.parent / "straight"
+    result = run_cli("train", str(mixture), "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def _records(run: Path, name: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / name).read_text().splitlines()]
+
+
+def test_each_environment_is_drawn_sampled_and_measured_on_its_own(straight: Path) -> None:
+    metrics = run_metrics(straight)
+    assert sorted(metrics) == [1, 2, 3]
+    for step in metrics.values():
+        assert step["env/sums/batch_share"] == 0.75 and step["env/chain/batch_share"] == 0.25
+        assert step["env/chain/response_len_mean"] <= 12  # its own budget, not the run's 24
+        assert "env/chain/reward/reasoning_gym/mean" in step
+        assert "env/sums/reward/math/mean" in step and "env/sums/answered" in step
+        assert "env/chain/answered" not in step  # its reward does not measure answer forms
+    before, after = _records(straight, "eval.jsonl")
+    for record in (before, after):
+        assert record["env/chain/num_problems"] == 3 and record["env/chain/samples"] == 1
+        assert record["env/sums/num_problems"] == 8  # the recipe's eval sizes
+        weighted = (3 * record["env/sums/accuracy"] + record["env/chain/accuracy"]) / 4
+        assert record["accuracy"] == pytest.approx(weighted)
+    prompts = [r["prompt"] for r in _records(straight, "samples.jsonl")]
+    assert prompts, "no samples logged: the test would be vacuous"
+
+
+def test_a_killed_mixture_resumes_record_for_record(mixture: Path, straight: Path) -> None:
+    killed = mixture.parent / "killed"
+    proc = train_until_checkpoint(mixture, killed)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    stopped_at = int((killed / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
+    assert stopped_at < STEPS, "the run ended before it could be killed"
+    result = run_cli("train", str(mixture), "--out", str(killed), "--resume")
+    assert result.returncode == 0, result.stderr[-3000:]
+    a, b = run_metrics(straight), run_metrics(killed)
+    assert sorted(b) == sorted(a)
+    for step in range(stopped_at + 1, STEPS + 1):
+        for key in (k for k in a[step] if k.startswith("env/") or k in ("loss", "reward_mean")):
+            assert b[step][key] == pytest.approx(a[step][key], rel=1e-5, abs=1e-7), (step, key)
+    completions = [
+        [r["completion"] for r in _records(run, "samples.jsonl") if r["step"] > stopped_at]
+        for run in (straight, killed)
+    ]
+    assert completions[0] and completions[0] == completions[1]
