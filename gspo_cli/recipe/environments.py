@@ -5,11 +5,11 @@ tools and its own sampling (docs/environments.md). Today's single-task keys are 
 case: a recipe without `environments` is one environment made of `data`, `reward.functions` and
 `rollout.tools` (`environment_views`), so the run has one code path for both.
 
-Each environment is resolved into a *view* (`recipe/schema.py`, `environment_views`): the whole recipe with that
-environment's keys put in place (its `data` keys over the recipe's `data`, its reward functions,
-tools, response budget and held-out sizes), validated as a recipe is, so that every reader of a
-recipe (prompt rendering, rewards, held-out evaluation) reads an environment without knowing of
-environments.
+Each environment is resolved into a *view* (`environment_views` in recipe/schema.py): the whole
+recipe with that environment's keys put in place (its `data` keys over the recipe's `data`, its
+reward functions, tools, response budget and held-out sizes), validated as a recipe is, so that
+every reader of a recipe (prompt rendering, rewards, held-out evaluation) reads an environment
+without knowing of environments.
 """
 
 from __future__ import annotations

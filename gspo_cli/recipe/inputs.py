@@ -164,6 +164,26 @@ class ReasoningGymConfig(Section):
     )
 
 
+class CurriculumConfig(Section):
+    enabled: bool = Field(
+        False,
+        description="Set aside prompts that every sample (or none) solved on their last `visits` "
+        "visits, for `set_aside_epochs` epochs (docs/environments.md).",
+    )
+    visits: int = Field(2, ge=1, description="K: a prompt is judged on its last K visits.")
+    set_aside_epochs: int = Field(
+        1, ge=1, description="N: epochs (of its environment's prompt order) it then sits out."
+    )
+
+    @model_validator(mode="after")
+    def _settings_need_it_on(self) -> CurriculumConfig:
+        # a setting of a curriculum that is off would be silently ignored: say so instead
+        if not self.enabled and self.model_fields_set - {"enabled"}:
+            key = sorted(self.model_fields_set - {"enabled"})[0]
+            raise ValueError(f"{key} has no effect with enabled false: set enabled: true")
+        return self
+
+
 class DataConfig(Section):
     source: str = Field(
         "builtin:arithmetic",
@@ -218,6 +238,10 @@ class DataConfig(Section):
         description="reasoning_gym: sources: task config, mix, sizes (docs/reasoning-gym.md).",
     )
     seed: int = Field(1234, description="Seed of the built-in task generator and shuffling.")
+    curriculum: CurriculumConfig = Field(
+        default_factory=CurriculumConfig,
+        description="Online difficulty filtering from the rollouts' pass rates; off by default.",
+    )
 
     heldout_size: int | None = Field(
         None,

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from gspo_cli.data.problems import Problem
+from gspo_cli.recipe.inputs import CurriculumConfig
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rollout.tool_settings import ToolSettings
 from gspo_cli.train.run.problem_sets import Problems, run_problems
 from gspo_cli.train.run.step_settings import rollout_params
+from gspo_cli.train.step.curriculum import Curriculum, CurriculumSettings
 from gspo_cli.train.step.environments import ENV_PREFIX, EnvironmentPlan
 from gspo_cli.train.step.sampler import MixtureSampler
 
@@ -42,11 +44,14 @@ class RunEnvironments:
     def several(self) -> bool:
         return len(self.environments) > 1
 
-    def sampler(self, seed: int) -> MixtureSampler:
+    def sampler(self, seed: int, curriculum: CurriculumConfig) -> MixtureSampler:
+        """The run's prompt order (with `data.curriculum` when it is enabled)."""
+        settings = CurriculumSettings(curriculum.visits, curriculum.set_aside_epochs)
         return MixtureSampler(
             [len(env.train.rows) for env in self.environments],
             [env.weight for env in self.environments],
             seed,
+            Curriculum(settings) if curriculum.enabled else None,
         )
 
     def cold_start_set(self) -> Problems:

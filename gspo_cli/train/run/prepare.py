@@ -161,6 +161,12 @@ def prepare_run(
 
     `stop` is the SIGTERM request the loop polls (`stop_on_signals`); None: never set."""
     ctx, device = _processes(recipe)
+    if recipe.data.curriculum.enabled and recipe.rollout.max_staleness and ctx.world > 1:
+        # each rank's rollout worker would judge only its own share of the prompts
+        raise GspoError(
+            "data.curriculum with rollout.max_staleness needs one process: the ranks' rollout "
+            "workers see only their own groups (or set max_staleness 0)"
+        )
     plain = Console(markup=False, highlight=False)  # paths and values print verbatim
     console = (console or plain) if ctx.is_main else Console(quiet=True)
     # a GGUF (or a LoRA checkpoint's GGUF base) is converted or refused before the run folder
@@ -191,7 +197,7 @@ def prepare_run(
     math_pool = MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s)
     services = _reward_services(math_pool, run_dir, ctx.rank, device)
     step_environments = open_environments(environments.plans(), rollout_engine, spec, services)
-    sampler = environments.sampler(recipe.data.seed + recipe.trainer.seed)
+    sampler = environments.sampler(recipe.data.seed + recipe.trainer.seed, recipe.data.curriculum)
     wandb_run = _wandb(recipe, run_dir, resume) if ctx.is_main else None
     log = RunLog(run_dir, wandb_run, enabled=ctx.is_main)
     state = RunState()

@@ -50,7 +50,7 @@ from gspo_cli.train.step.environments import (
     with_tool_fields,
 )
 from gspo_cli.train.step.rewards import WeightedRewards
-from gspo_cli.train.step.sampler import MixtureSampler, PromptSampler
+from gspo_cli.train.step.sampler import MixtureSampler
 from gspo_cli.train.step.scored import ScoredGroups, concat_groups, select_groups
 from gspo_cli.train.step.settings import CollectionSettings, StepSettings
 
@@ -68,7 +68,7 @@ class PromptSource:
 
     prompts: list[list[int]]
     rows: list[dict[str, Any]]
-    sampler: PromptSampler | MixtureSampler
+    sampler: MixtureSampler
     environments: Sequence[StepEnvironment]
 
 
@@ -226,6 +226,7 @@ def collect_step(
             [seed * PROMPT_SEED_STRIDE + i for i in mine] if how.per_prompt_seeds else None,
             sync=number == 0,  # the weights do not change between rounds
         )
+        _observe(source, index, scored, ctx)
         if not how.dynamic:
             return _per_environment(Collected(scored, index, mine.start), source, ctx)
         flags = mixed_groups(torch.tensor(scored.rewards), scored.group_size).tolist()  # [Q/W]
@@ -248,9 +249,24 @@ def collect_step(
     return _per_environment(_assemble(rounds, q, ctx), source, ctx)
 
 
+def _observe(
+    source: PromptSource, index: list[int], scored: ScoredGroups, ctx: DistContext
+) -> None:
+    """Every rank's groups of a round and their pass rates (share of correct responses) to the
+    sampler's curriculum, if it has one (one all-gather with several ranks)."""
+    if source.sampler.curriculum is None:
+        return
+    g = scored.group_size
+    mine = [sum(scored.correct[i * g : (i + 1) * g]) / g for i in range(len(scored.in_loss))]
+    rates = [rate for part in ctx.all_gather(mine) for rate in part]  # [Q] batch order
+    source.sampler.observe(index, rates)
+
+
 def _per_environment(collected: Collected, source: PromptSource, ctx: DistContext) -> Collected:
-    """`collected` with the batch's env/NAME/... metrics when the run has several environments
-    (one all-gather with several ranks)."""
+    """`collected` with the curriculum's metrics, and the batch's env/NAME/... metrics when the
+    run has several environments (one all-gather with several ranks)."""
+    if source.sampler.curriculum is not None:
+        collected.metrics.update(source.sampler.curriculum.metrics())
     if len(source.environments) < 2:
         return collected
     sums = environment_metrics(

@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from gspo_cli.train.step.curriculum import Curriculum
+
 
 class PromptSampler:
     def __init__(self, size: int, seed: int) -> None:
@@ -48,10 +50,17 @@ class MixtureSampler:
     environment e are `offsets[e] ..`. Each draw picks an environment by smooth weighted round
     robin (each gains its weight in credit, the richest is drawn and pays the total), so every
     span of draws holds each environment's share to within one prompt and the order depends on
-    nothing but the weights; then that environment's next prompt in its own shuffled order. One
-    environment is exactly a `PromptSampler`, checkpoints included."""
+    nothing but the weights; then that environment's next prompt in its own shuffled order,
+    passing over the prompts a `curriculum` sets aside. One environment without a curriculum is
+    exactly a `PromptSampler`, checkpoints included."""
 
-    def __init__(self, sizes: list[int], weights: list[float], seed: int) -> None:
+    def __init__(
+        self,
+        sizes: list[int],
+        weights: list[float],
+        seed: int,
+        curriculum: Curriculum | None = None,
+    ) -> None:
         if len(sizes) != len(weights) or not any(w > 0 for w in weights):
             raise ValueError("a mixture needs one weight per environment, not all 0")
         self.samplers = [
@@ -60,6 +69,7 @@ class MixtureSampler:
         self.offsets = [sum(sizes[:e]) for e in range(len(sizes))]
         self.weights = list(weights)
         self.credits = [0.0] * len(sizes)
+        self.curriculum = curriculum
 
     @property
     def size(self) -> int:
@@ -71,26 +81,50 @@ class MixtureSampler:
 
     def next(self, count: int) -> list[int]:
         """The next `count` run row indices."""
-        if len(self.samplers) == 1:
-            return self.samplers[0].next(count)
         return [self._draw() for _ in range(count)]
 
     def _draw(self) -> int:
-        total = sum(self.weights)
-        self.credits = [c + w for c, w in zip(self.credits, self.weights, strict=True)]
-        e = max(range(len(self.credits)), key=lambda k: (self.credits[k], -k))
-        self.credits[e] -= total
-        return self.offsets[e] + self.samplers[e].next(1)[0]
+        e = 0
+        if len(self.samplers) > 1:
+            total = sum(self.weights)
+            self.credits = [c + w for c, w in zip(self.credits, self.weights, strict=True)]
+            e = max(range(len(self.credits)), key=lambda k: (self.credits[k], -k))
+            self.credits[e] -= total
+        sampler, offset = self.samplers[e], self.offsets[e]
+        if self.curriculum is None:
+            return offset + sampler.next(1)[0]
+        for _ in range(sampler.size):  # at most one pass over its order
+            row = offset + sampler.next(1)[0]
+            if not self.curriculum.skips(row, sampler.epoch):
+                return row
+        # every prompt of the environment sits out: let them all back rather than stall
+        self.curriculum.release(range(offset, offset + sampler.size))
+        return offset + sampler.next(1)[0]
+
+    def observe(self, rows: list[int], pass_rates: list[float]) -> None:
+        """A step's groups and their pass rates, for the curriculum (if any)."""
+        if self.curriculum is not None:
+            epochs = [self.samplers[self.environment_of(row)].epoch for row in rows]
+            self.curriculum.observe(rows, pass_rates, epochs)
 
     def state_dict(self) -> dict[str, Any]:
-        if len(self.samplers) == 1:
-            return self.samplers[0].state_dict()
-        return {
-            "credits": list(self.credits),
-            "environments": [s.state_dict() for s in self.samplers],
-        }
+        state = (
+            self.samplers[0].state_dict()
+            if len(self.samplers) == 1
+            else {
+                "credits": list(self.credits),
+                "environments": [s.state_dict() for s in self.samplers],
+            }
+        )
+        if self.curriculum is not None:
+            state["curriculum"] = self.curriculum.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.curriculum is not None:
+            if "curriculum" not in state:
+                raise ValueError("the checkpoint was made without data.curriculum")
+            self.curriculum.load_state_dict(state["curriculum"])
         if len(self.samplers) == 1:
             self.samplers[0].load_state_dict(state)
             return

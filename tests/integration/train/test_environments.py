@@ -1,6 +1,7 @@
 """A run on two environments (recipe `environments`): each step draws them by weight, each
 generates with its own budget and scores with its own rewards, metrics and held-out accuracy come
-per environment with the weighted mean, and a killed run resumes record for record."""
+per environment with the weighted mean; the curriculum sets flat prompts aside; and a killed run
+resumes record for record, the curriculum's state with it."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def mixture(tmp_path_factory: pytest.TempPathFactory, sft_checkpoint: Path) -> P
         {
             "model": {"path": str(sft_checkpoint)},
             "environments": ENVIRONMENTS,
+            "data": {"curriculum": {"enabled": True, "visits": 1, "set_aside_epochs": 1}},
             "trainer": {"steps": STEPS, "checkpoint_every": 1, "out_dir": str(folder / "runs")},
             "eval": {"every": STEPS},
         },
@@ -80,8 +82,9 @@ def test_each_environment_is_drawn_sampled_and_measured_on_its_own(straight: Pat
         assert record["env/sums/num_problems"] == 8  # the recipe's eval sizes
         weighted = (3 * record["env/sums/accuracy"] + record["env/chain/accuracy"]) / 4
         assert record["accuracy"] == pytest.approx(weighted)
-    prompts = [r["prompt"] for r in _records(straight, "samples.jsonl")]
-    assert prompts, "no samples logged: the test would be vacuous"
+    set_aside = [step["curriculum_set_aside"] for step in metrics.values()]
+    assert set_aside[-1] > 0, "nothing set aside: the resume test would not cover it"
+    assert sum(step["curriculum_set_aside_new"] for step in metrics.values()) >= set_aside[-1]
 
 
 def test_a_killed_mixture_resumes_record_for_record(mixture: Path, straight: Path) -> None:
@@ -96,7 +99,8 @@ def test_a_killed_mixture_resumes_record_for_record(mixture: Path, straight: Pat
     a, b = run_metrics(straight), run_metrics(killed)
     assert sorted(b) == sorted(a)
     for step in range(stopped_at + 1, STEPS + 1):
-        for key in (k for k in a[step] if k.startswith("env/") or k in ("loss", "reward_mean")):
+        compared = ("loss", "reward_mean", "curriculum_set_aside", "curriculum_set_aside_new")
+        for key in (k for k in a[step] if k.startswith("env/") or k in compared):
             assert b[step][key] == pytest.approx(a[step][key], rel=1e-5, abs=1e-7), (step, key)
     completions = [
         [r["completion"] for r in _records(run, "samples.jsonl") if r["step"] > stopped_at]

@@ -25,7 +25,7 @@ from gspo_cli.train.step.collection import (
     short_notice,
 )
 from gspo_cli.train.step.rewards import RewardScores
-from gspo_cli.train.step.sampler import PromptSampler
+from gspo_cli.train.step.sampler import MixtureSampler
 from gspo_cli.train.step.settings import CollectionSettings, StepSettings
 from tests.support.rl_helpers import one_environment, tiny_step
 
@@ -81,7 +81,7 @@ class SomeUniformReward:
 
 def _source(
     problems: tuple[list[list[int]], list[dict[str, Any]]],
-    sampler: PromptSampler,
+    sampler: MixtureSampler,
     uniform: set[int],
 ) -> PromptSource:
     """The rows `problems` as one environment with a RowEngine and SomeUniformReward(uniform)."""
@@ -104,8 +104,8 @@ def _collect(
     max_rounds: int,
     ctx: DistContext = LOCAL,
     note: Callable[[str], None] | None = None,
-) -> tuple[Collected, PromptSampler]:
-    sampler = PromptSampler(ROWS, seed=0)
+) -> tuple[Collected, MixtureSampler]:
+    sampler = MixtureSampler([ROWS], [1.0], seed=0)
     problems = ([[k] for k in range(ROWS)], [{"id": k} for k in range(ROWS)])
     settings = _settings(dynamic=True, max_rounds=max_rounds)
     collected = collect_step(
@@ -234,7 +234,7 @@ def test_two_ranks_train_the_batch_one_rank_would() -> None:
 
 
 def test_without_dynamic_sampling_one_round_keeps_every_group() -> None:
-    sampler = PromptSampler(ROWS, seed=0)
+    sampler = MixtureSampler([ROWS], [1.0], seed=0)
     problems = ([[k] for k in range(ROWS)], [{"id": k} for k in range(ROWS)])
     collected = collect_step(
         _source(problems, sampler, {1}),

@@ -13,6 +13,7 @@ from gspo_cli.rollout.base import SamplingParams
 from gspo_cli.rollout.batch import RolloutBatch, ToolTrace
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.step.collection import PromptSource, collect_step
+from gspo_cli.train.step.curriculum import Curriculum, CurriculumSettings
 from gspo_cli.train.step.environments import StepEnvironment, environment_means
 from gspo_cli.train.step.rewards import RewardScores
 from gspo_cli.train.step.sampler import MixtureSampler, PromptSampler
@@ -158,3 +159,50 @@ def test_per_environment_means_add_up_over_ranks() -> None:
     assert means["env/a/reward_mean"] == pytest.approx(4 / 6)  # not the mean of rank means
     assert means["env/a/batch_share"] == pytest.approx(6 / 8)
     assert "env/a/answered" not in means  # the reward measured no answer form
+
+
+def _curriculum(visits: int = 2, epochs: int = 1) -> Curriculum:
+    return Curriculum(CurriculumSettings(visits=visits, set_aside_epochs=epochs))
+
+
+def test_a_prompt_all_or_never_solved_on_its_last_k_visits_sits_out_n_epochs() -> None:
+    curriculum = _curriculum(visits=2, epochs=1)
+    curriculum.observe([1, 2, 3], [1.0, 0.0, 0.5], [0, 0, 0])
+    assert not any(curriculum.skips(row, 0) for row in (1, 2, 3))  # one visit is not enough
+    curriculum.observe([1, 2, 3], [1.0, 0.0, 1.0], [0, 0, 0])
+    assert curriculum.metrics()["curriculum_set_aside_new"] == 2
+    assert curriculum.skips(1, 1) and curriculum.skips(2, 1) and not curriculum.skips(3, 1)
+    assert not curriculum.skips(1, 2)  # back after one whole epoch out
+    curriculum.observe([1], [1.0], [2])
+    assert not curriculum.skips(1, 2)  # judged afresh: one visit since it came back
+
+
+def test_the_sampler_passes_over_set_aside_prompts_and_never_stalls() -> None:
+    sampler = MixtureSampler([6], [1.0], seed=0, curriculum=_curriculum(visits=1, epochs=5))
+    first = sampler.next(6)  # epoch 0, every row once
+    sampler.observe(first[:4], [1.0, 0.0, 1.0, 0.0])
+    assert sorted(sampler.next(2)) == sorted(first[4:])  # epoch 1: only the two left
+    sampler.observe(first[4:], [1.0, 1.0])  # now every row sits out
+    drawn = sampler.next(3)
+    assert len(drawn) == 3 and sampler.curriculum is not None
+    assert sampler.curriculum.metrics()["curriculum_released"] == 6
+
+
+def test_the_curriculum_resumes_with_the_sampler() -> None:
+    def run(resume_at: int | None) -> list[int]:
+        sampler = MixtureSampler([9, 4], [2.0, 1.0], seed=1, curriculum=_curriculum(visits=1))
+        drawn: list[int] = []
+        for step in range(8):
+            if step == resume_at:
+                state = sampler.state_dict()
+                sampler = MixtureSampler([9, 4], [2.0, 1.0], seed=1, curriculum=_curriculum(1))
+                sampler.load_state_dict(state)
+            rows = sampler.next(3)
+            sampler.observe(rows, [[1.0, 0.5, 0.0][row % 3] for row in rows])  # some flat
+            drawn += rows
+        return drawn
+
+    assert run(None) == run(4)
+    sampler = MixtureSampler([9, 4], [2.0, 1.0], seed=1, curriculum=_curriculum(1))
+    with pytest.raises(ValueError, match=r"made without data\.curriculum"):
+        sampler.load_state_dict(MixtureSampler([9, 4], [2.0, 1.0], seed=1).state_dict())
