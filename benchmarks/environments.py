@@ -1,0 +1,166 @@
+"""Environments, measured: a mixture of three against each environment alone, and the curriculum
+against uniform sampling on the mixture (recipes/environments/tiny-mixture.yaml).
+
+Every run starts from one cold start (`gspo sft` of the mixture: the arithmetic and the tools
+environments' worked solutions; chain_sum has none) and trains `--steps` RL steps:
+
+- mixture: the three environments by weight (2:1:1), uniform sampling;
+- curriculum: the same, with data.curriculum (K = 2 visits, N = 1 epoch);
+- alone/NAME: one environment, all steps on it (the same total steps as the mixture).
+
+Held-out accuracy of each environment is measured every `--every` steps on its own held-out
+set (`--problems` x 4 samples). Per seed (trainer.seed; the sampling and data order follow it)
+it prints, per environment, the final held-out accuracy of the mixture, of that environment
+alone and of the curriculum run; then, paired by seed, the mixture minus alone; the share of
+groups without signal (zero_adv_group_frac, mean over steps) with and without the curriculum;
+and the steps the curriculum run took to reach the uniform run's final weighted accuracy
+(linear between evaluations; "not reached" when it did not). One torch thread per run, one run
+at a time. A finished run (summary.json) is not run again. Prints; asserts nothing.
+
+    .venv/bin/python benchmarks/environments.py DIR [--seeds 1,2] [--steps 60] [--every 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gspo_cli.runs.folder import COLD_START, EVALS, METRICS
+
+MIXTURE = Path(__file__).resolve().parent.parent / "recipes" / "environments" / "tiny-mixture.yaml"
+GSPO = [sys.executable, "-m", "gspo_cli.cli"]
+
+
+def _run(command: str, recipe: Path, out: Path) -> None:
+    if (out / "summary.json").is_file() or (command == "sft" and (out / COLD_START).is_dir()):
+        return
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log = out.parent / f"{out.name}.log"
+    args = [*GSPO, command, str(recipe), "--out", str(out), "--set", "logging.console=plain"]
+    with log.open("w") as handle:
+        done = subprocess.run(args, env=env, stdout=handle, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{out.name} failed: see {log}")
+
+
+def _recipe(folder: Path, name: str, changes: dict[str, Any]) -> Path:
+    raw = yaml.safe_load(MIXTURE.read_text())
+    raw.update(changes)
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _evals(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / EVALS).read_text().splitlines()]
+
+
+def _zero_signal(run: Path) -> float:
+    steps = [json.loads(line) for line in (run / METRICS).read_text().splitlines()]
+    return sum(s["zero_adv_group_frac"] for s in steps) / len(steps)
+
+
+def _env_accuracy(record: dict[str, Any], name: str) -> float:
+    return float(record.get(f"env/{name}/accuracy", record["accuracy"]))
+
+
+def _steps_to(evals: list[dict[str, Any]], target: float) -> float | None:
+    """The first step (linear between evaluations) at which accuracy reached `target`."""
+    for before, after in zip(evals, evals[1:], strict=False):
+        if after["accuracy"] >= target:
+            gain = after["accuracy"] - before["accuracy"]
+            share = 1.0 if gain <= 0 else (target - before["accuracy"]) / gain
+            return before["step"] + max(0.0, share) * (after["step"] - before["step"])
+    return None
+
+
+def _mean_and_half(values: list[float]) -> str:
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return f"{mean:+.3f}"
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    return f"{mean:+.3f} (sd {sd:.3f}, n {len(values)})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--seeds", default="1,2")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--every", type=int, default=15)
+    parser.add_argument("--problems", type=int, default=50)
+    args = parser.parse_args()
+    folder = args.folder.resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = yaml.safe_load(MIXTURE.read_text())
+    names = [env["name"] for env in raw["environments"]]
+    _run("sft", _recipe(folder, "sft", {}), folder / "sft")
+    start = {
+        "model": {"path": str(folder / "sft" / COLD_START)},
+        "cold_start": {"enabled": False},
+        "trainer": {**raw["trainer"], "steps": args.steps, "checkpoint_every": args.steps},
+        "eval": {**raw["eval"], "every": args.every, "num_problems": args.problems},
+    }
+    results: dict[str, dict[int, Path]] = {}
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        seeded = {**start, "trainer": {**start["trainer"], "seed": seed}}
+        kinds = {
+            "mixture": {},
+            "curriculum": {"data": {**raw["data"], "curriculum": {"enabled": True}}},
+            **{
+                f"alone-{name}": {
+                    "environments": [e for e in raw["environments"] if e["name"] == name]
+                }
+                for name in names
+            },
+        }
+        for kind, changes in kinds.items():
+            out = folder / f"{kind}-seed{seed}"
+            _run("train", _recipe(folder, f"{kind}-seed{seed}", {**seeded, **changes}), out)
+            results.setdefault(kind, {})[seed] = out
+    _report(results, names)
+
+
+def _report(results: dict[str, dict[int, Path]], names: list[str]) -> None:
+    seeds = sorted(results["mixture"])
+    print("final held-out accuracy per environment (avg@4):")
+    for name in names:
+        for seed in seeds:
+            mixed = _env_accuracy(_evals(results["mixture"][seed])[-1], name)
+            alone = _env_accuracy(_evals(results[f"alone-{name}"][seed])[-1], name)
+            curriculum = _env_accuracy(_evals(results["curriculum"][seed])[-1], name)
+            print(f"  {name:12s} seed {seed}: mixture {mixed:.3f}  alone {alone:.3f}  "
+                  f"curriculum {curriculum:.3f}")  # fmt: skip
+        gaps = [
+            _env_accuracy(_evals(results["mixture"][s])[-1], name)
+            - _env_accuracy(_evals(results[f"alone-{name}"][s])[-1], name)
+            for s in seeds
+        ]
+        print(f"  {name:12s} mixture - alone: {_mean_and_half(gaps)}")
+    for seed in seeds:
+        uniform, curriculum = results["mixture"][seed], results["curriculum"][seed]
+        target = _evals(uniform)[-1]["accuracy"]
+        reached = _steps_to(_evals(curriculum), target)
+        steps = _evals(uniform)[-1]["step"]
+        print(
+            f"seed {seed}: groups without signal {_zero_signal(uniform):.3f} uniform, "
+            f"{_zero_signal(curriculum):.3f} curriculum; uniform's final weighted accuracy "
+            f"{target:.3f} reached by the curriculum at step "
+            + (
+                "not reached"
+                if reached is None
+                else f"{reached:.0f} of {steps} ({reached / steps:.0%})"
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
