@@ -23,6 +23,7 @@ at a time. A finished run (summary.json) is not run again. Prints; asserts nothi
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -74,7 +75,7 @@ def _env_accuracy(record: dict[str, Any], name: str) -> float:
 
 def _steps_to(evals: list[dict[str, Any]], target: float) -> float | None:
     """The first step (linear between evaluations) at which accuracy reached `target`."""
-    for before, after in zip(evals, evals[1:], strict=False):
+    for before, after in itertools.pairwise(evals):
         if after["accuracy"] >= target:
             gain = after["accuracy"] - before["accuracy"]
             share = 1.0 if gain <= 0 else (target - before["accuracy"]) / gain
