@@ -61,11 +61,19 @@ MARKS = {
 MARK_LABELS = {"non_finite": "NaN/inf", "reward_collapse": "collapse", "entropy_collapse": "H"}
 
 
+def _title(key: str) -> tuple[str, str]:
+    """(title, y label) of a plot outside PLOTS: an environment's held-out accuracy, or the
+    metric's own key."""
+    if key.startswith("heldout_env/"):
+        return f"Held-out accuracy: environment {key.split('/')[1]}", "accuracy"
+    return key, key
+
+
 def plot_keys(cmp: Comparison) -> list[str]:
     """The metrics to plot: --metrics when given (without "eval"), else the default set and
     each reward function's curve."""
     if cmp.metrics is None:
-        return [*PLOTS, *cmp.reward_keys]
+        return [*PLOTS, *cmp.environment_keys, *cmp.reward_keys]
     return [m for m in cmp.metrics if m != "eval"]
 
 
@@ -156,7 +164,7 @@ def draw(cmp: Comparison, key: str, path: Path) -> bool:
         _mark(ax, report, key, cmp, color)
     if not drawn:
         return False
-    title, ylabel = PLOTS.get(key, (key, key))
+    title, ylabel = PLOTS.get(key, _title(key))
     suffix = (
         f" (trailing mean over {cmp.smooth} steps)" if cmp.smooth > 1 and key != HELDOUT else ""
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,13 @@ from gspo_cli.runs.folder import EVALS, EVENTS, METRICS, RECIPE, SUMMARY, iter_j
 
 # eval.jsonl's answer forms beside accuracy (docs/evaluation.md, "Form and substance")
 HELDOUT_FORM_KEYS = ("answered", "accuracy_any_form", "ran_clean")
+# eval.jsonl's accuracy of one environment of a mixture (recipe `environments`)
+ENVIRONMENT_ACCURACY = re.compile(r"env/[^/]+/accuracy")
+
+
+def is_environment_key(key: str) -> bool:
+    """True for an environment's held-out accuracy in eval.jsonl (env/NAME/accuracy)."""
+    return ENVIRONMENT_ACCURACY.fullmatch(key) is not None
 
 
 class Problems:
@@ -184,7 +192,8 @@ def _read_heldout(run_dir: Path, records: Records, evals: Records, problems: Pro
 def _heldout_forms(evals: Records) -> dict[str, list[tuple[int, float]]]:
     """eval.jsonl's answer forms beside held-out accuracy (train/run/heldout.py), by step."""
     forms: dict[str, list[tuple[int, float]]] = {}
-    for key in HELDOUT_FORM_KEYS:
+    environments = [k for k in dict.fromkeys(k for r in evals for k in r) if is_environment_key(k)]
+    for key in (*HELDOUT_FORM_KEYS, *environments):
         points = [(int(r["step"]), r[key]) for r in evals if key in r]
         if points:
             forms[key] = points

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gspo_cli.compare.runs import HELDOUT_FORM_KEYS, Run
+from gspo_cli.compare.runs import HELDOUT_FORM_KEYS, Run, is_environment_key
 
 X_LABELS = {
     "step": "RL step",
@@ -32,9 +32,20 @@ HELDOUT_FORMS = {f"heldout_{key}": key for key in HELDOUT_FORM_KEYS}
 JUDGES = (("judge_train/mean", "judge_train"), ("judge_heldout/mean", "judge_heldout"))
 
 
+# Held-out accuracy of one environment of a mixture: heldout_env/NAME/accuracy
+HELDOUT_ENVIRONMENT = "heldout_"
+
+
+def environment_heldout_keys(runs: list[Run]) -> list[str]:
+    """heldout_env/NAME/accuracy for each environment any of `runs` evaluated, sorted."""
+    found = {key for run in runs for key in run.heldout_forms if is_environment_key(key)}
+    return sorted(HELDOUT_ENVIRONMENT + key for key in found)
+
+
 def is_heldout(key: str) -> bool:
     """A curve of the sparse held-out evaluations: never smoothed."""
-    return key == HELDOUT or key in HELDOUT_FORMS or key in dict(JUDGES)
+    environment = is_environment_key(key.removeprefix(HELDOUT_ENVIRONMENT))
+    return key == HELDOUT or key in HELDOUT_FORMS or key in dict(JUDGES) or environment
 
 
 @dataclass(frozen=True)
@@ -54,10 +65,11 @@ def metric_series(run: Run, key: str) -> Series | None:
 
     heldout_accuracy: eval.jsonl / metrics / summary.json (step 0 = before RL).
     heldout_answered, heldout_accuracy_any_form, heldout_ran_clean: eval.jsonl's answer forms.
+    heldout_env/NAME/accuracy: one environment's held-out accuracy (a mixture).
     ratio_spread: seq_ratio_max - seq_ratio_min per step.
     """
-    if key in HELDOUT_FORMS:
-        points = run.heldout_forms.get(HELDOUT_FORMS[key])
+    if key in HELDOUT_FORMS or is_environment_key(key.removeprefix(HELDOUT_ENVIRONMENT)):
+        points = run.heldout_forms.get(HELDOUT_FORMS.get(key, key.removeprefix("heldout_")))
         if not points:
             return None
         steps = np.array([s for s, _ in points], dtype=np.int64)

@@ -22,6 +22,7 @@ from gspo_cli.compare.series import (
     HELDOUT_FORMS,
     JUDGES,
     RATIO_SPREAD,
+    environment_heldout_keys,
     metric_series,
     smooth,
     x_positions,
@@ -45,6 +46,7 @@ MEANS = (
     "tool_error_frac",
 )
 REWARD_FUNCTION = re.compile(r"reward/.+/mean")  # one reward function's mean per step
+ENV_REWARD = re.compile(r"env/[^/]+/reward_mean")  # one environment's mean reward per step
 HEADLINE = (
     "final_reward",
     "best_reward",
@@ -93,12 +95,15 @@ class Comparison:
     common_x: float | None
     groups: list[SeedGroup] | None = None  # --group-seeds: the table's and plots' columns
     reward_keys: list[str] = field(default_factory=list)  # reward/<name>/mean some run has
+    # heldout_env/NAME/accuracy some run has (a mixture of environments)
+    environment_keys: list[str] = field(default_factory=list)
 
 
 def reward_function_keys(runs: list[Run]) -> list[str]:
-    """The per-function reward curves (`reward/<name>/mean`) any of `runs` logged, sorted."""
+    """The per-function reward curves (`reward/<name>/mean`) and a mixture's per-environment
+    reward (`env/NAME/reward_mean`) any of `runs` logged, sorted."""
     keys = {k for run in runs for record in run.records for k in record}
-    return sorted(k for k in keys if REWARD_FUNCTION.fullmatch(k))
+    return sorted(k for k in keys if REWARD_FUNCTION.fullmatch(k) or ENV_REWARD.fullmatch(k))
 
 
 def final_value(run: Run, key: str, window: int) -> float | None:
@@ -163,6 +168,8 @@ def run_stats(run: Run, window: int, extra: list[str]) -> dict[str, Any]:
         stats.update(_curve_ends(run, key, key, 1))
     for key, prefix in JUDGES:  # the training judge beside a held-out one (docs/judges.md)
         stats.update(_curve_ends(run, key, prefix, 1))
+    for key in environment_heldout_keys([run]):  # each environment of a mixture
+        stats.update(_curve_ends(run, key, key, 1))
     entropy = _curve_ends(run, "entropy", "entropy", window)
     stats.update({k: v for k, v in entropy.items() if k.endswith(("_first", "_last"))})
     for key in (*MEANS, *extra):
@@ -230,4 +237,7 @@ def compare(
     for report in reports:
         if report is not base:
             report.deltas = _deltas(report.stats, base.stats, finals)
-    return Comparison(reports, base, x, window, metrics, shared, reward_keys=reward_keys)
+    return Comparison(
+        reports, base, x, window, metrics, shared, reward_keys=reward_keys,
+        environment_keys=environment_heldout_keys(runs),
+    )  # fmt: skip

@@ -161,12 +161,6 @@ def prepare_run(
 
     `stop` is the SIGTERM request the loop polls (`stop_on_signals`); None: never set."""
     ctx, device = _processes(recipe)
-    if recipe.data.curriculum.enabled and recipe.rollout.max_staleness and ctx.world > 1:
-        # each rank's rollout worker would judge only its own share of the prompts
-        raise GspoError(
-            "data.curriculum with rollout.max_staleness needs one process: the ranks' rollout "
-            "workers see only their own groups (or set max_staleness 0)"
-        )
     plain = Console(markup=False, highlight=False)  # paths and values print verbatim
     console = (console or plain) if ctx.is_main else Console(quiet=True)
     # a GGUF (or a LoRA checkpoint's GGUF base) is converted or refused before the run folder
@@ -223,6 +217,12 @@ def _processes(recipe: Recipe) -> tuple[DistContext, torch.device]:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # and warn (the rollout worker inherits)
     check_processes(recipe.trainer.engine, ctx.world)
     check_world_size(recipe, ctx.world)
+    if recipe.data.curriculum.enabled and recipe.rollout.max_staleness and ctx.world > 1:
+        # each rank's rollout worker would judge only its own share of the prompts
+        raise GspoError(
+            "data.curriculum with rollout.max_staleness needs one process: the ranks' rollout "
+            "workers see only their own groups (or set max_staleness 0)"
+        )
     if TRAIN_ENGINES.get(recipe.trainer.engine).several_processes:
         init_process_group(ctx, device)
     return ctx, device
