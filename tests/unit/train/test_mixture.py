@@ -8,7 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
+from gspo_cli.algorithms.advantages import group_advantages
 from gspo_cli.rollout.base import SamplingParams
 from gspo_cli.rollout.batch import RolloutBatch, ToolTrace
 from gspo_cli.train.engines.distributed import LOCAL
@@ -206,3 +208,16 @@ def test_the_curriculum_resumes_with_the_sampler() -> None:
     sampler = MixtureSampler([9, 4], [2.0, 1.0], seed=1, curriculum=_curriculum(1))
     with pytest.raises(ValueError, match=r"made without data\.curriculum"):
         sampler.load_state_dict(MixtureSampler([9, 4], [2.0, 1.0], seed=1).state_dict())
+
+
+def test_an_environment_with_larger_rewards_gets_the_same_advantages() -> None:
+    """docs/environments.md: groups are one environment each, and each is scaled by its own
+    standard deviation: a tenfold reward scale changes nothing; without scaling it does."""
+    rewards = torch.tensor([0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    scaled = rewards.clone()
+    scaled[4:] *= 10  # the second group: another environment's reward scale
+    a, b = group_advantages(rewards, 4), group_advantages(scaled, 4)
+    torch.testing.assert_close(a, b)
+    assert not torch.allclose(
+        group_advantages(rewards, 4, scale=False), group_advantages(scaled, 4, scale=False)
+    )
