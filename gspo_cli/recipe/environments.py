@@ -80,6 +80,12 @@ class EnvironmentConfig(Section):
     max_new_tokens: int | None = Field(
         None, ge=1, description="Its response budget; None: rollout.max_new_tokens."
     )
+    temperature: float | None = Field(
+        None,
+        gt=0,
+        description="Its sampling temperature (the trainer scores its rows at it too); None: "
+        "rollout.temperature.",
+    )
     cold_start: bool = Field(
         True,
         description="Its training rows join the cold start's SFT data when cold_start is "

@@ -315,6 +315,8 @@ def _view(recipe_type: type[Recipe], base: dict[str, Any], entry: EnvironmentCon
         rollout["tools"] = entry.tools.model_dump(exclude_unset=True)
     if entry.max_new_tokens is not None:
         rollout["max_new_tokens"] = entry.max_new_tokens
+    if entry.temperature is not None:
+        rollout["temperature"] = entry.temperature
     raw["rollout"] = rollout
     raw["eval"] = {**base.get("eval", {}), **entry.eval.model_dump(exclude_none=True)}
     try:

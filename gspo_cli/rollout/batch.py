@@ -41,6 +41,9 @@ class RolloutBatch:
     # results: context, never targets); None: every token is the model's.
     from_tool: list[list[bool]] | None = None
     tool_traces: list[ToolTrace] | None = None  # N, with tool use
+    # N temperatures each response was sampled at, where they differ within a batch (the
+    # environments of a mixture); None: all at the step's temperature
+    temperatures: list[float] | None = None
 
     @property
     def num_completion_tokens(self) -> int:

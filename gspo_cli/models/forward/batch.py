@@ -14,9 +14,13 @@ class TrainBatch(NamedTuple):
     position_ids: torch.Tensor  # [N, P + T] positions that skip left padding, as generate does
     response_mask: torch.Tensor  # [N, T] 1 on the model's response tokens (not tool results)
     prompt_width: int  # P
+    # [N] the temperature each row was sampled at, where rows differ (environments of their own
+    # temperature); None: every row at the temperature the forward is given
+    temperature: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> TrainBatch:
-        return TrainBatch(*(t.to(device) for t in self[:4]), self.prompt_width)
+        moved = None if self.temperature is None else self.temperature.to(device)
+        return TrainBatch(*(t.to(device) for t in self[:4]), self.prompt_width, moved)
 
     def select(self, index: torch.Tensor) -> TrainBatch:
         return TrainBatch(
@@ -25,6 +29,7 @@ class TrainBatch(NamedTuple):
             self.position_ids[index],
             self.response_mask[index],
             self.prompt_width,
+            None if self.temperature is None else self.temperature[index],
         )
 
     def trimmed(self) -> TrainBatch:
@@ -41,6 +46,7 @@ class TrainBatch(NamedTuple):
             self.position_ids[:, cols],
             self.response_mask[:, :last_resp],
             width,
+            self.temperature,
         )
 
 

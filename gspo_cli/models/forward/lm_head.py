@@ -36,12 +36,12 @@ def _row_tiles(rows: int, vocab: int) -> list[slice]:
 
 
 class TokenLogprobs(torch.autograd.Function):
-    """log softmax(scale * h W^T)[y] `[M]` for M tokens, and their entropy `[M]` (empty when not
-    asked; differentiable: an entropy bonus's gradient, d H / d z = -p (log p + H), costs the
-    backward one more `[rows, V]` tile only when the entropy is used). Of the `[M, V]` size it
-    saves the logits alone (with h, W, y, the logsumexp and the entropy); a second backward
-    through it is refused by autograd (the logits are overwritten by their gradient). Under
-    `no_grad` nothing is kept: no graph holds them."""
+    """log softmax(scale * h W^T)[y] `[M]` for M tokens (`scale`: one number, or `[M]`, one per
+    token), and their entropy `[M]` (empty when not asked; differentiable: an entropy bonus's
+    gradient, d H / d z = -p (log p + H), costs the backward one more `[rows, V]` tile only when
+    the entropy is used). Of the `[M, V]` size it saves the logits alone (with h, W, y, the
+    logsumexp and the entropy); a second backward through it is refused by autograd (the logits
+    are overwritten by their gradient). Under `no_grad` nothing is kept: no graph holds them."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -49,11 +49,13 @@ class TokenLogprobs(torch.autograd.Function):
         hidden: torch.Tensor,  # [M, H]
         weight: torch.Tensor,  # [V, H]
         targets: torch.Tensor,  # [M]
-        scale: float,
+        scale: float | torch.Tensor,  # or [M]: each token's 1 / temperature
         entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = at_least_float32(hidden @ weight.T)  # [M, V]
-        if scale != 1.0:
+        if isinstance(scale, torch.Tensor):
+            logits.mul_(scale.to(logits.dtype)[:, None])
+        elif scale != 1.0:
             logits.mul_(scale)
         lse = logits.new_empty(logits.shape[0])  # [M]
         ent = logits.new_empty(logits.shape[0] if entropy else 0)  # [M] or [0]
@@ -109,7 +111,10 @@ def head_logprobs(
     real = batch.response_mask.bool()  # [n, T]
     h = response_hidden(model, batch, share)[real]  # [M, H]: position j predicts j + 1
     targets = batch.input_ids[:, -real.shape[1] :][real]  # [M]
-    scale = 1.0 / temperature if temperature > 0 else 1.0
+    scale: float | torch.Tensor = 1.0 / temperature if temperature > 0 else 1.0
+    if batch.temperature is not None:  # rows of their own temperature: each token its row's
+        per_row = torch.where(batch.temperature > 0, 1.0 / batch.temperature, 1.0)  # [n]
+        scale = per_row[:, None].expand(real.shape)[real]  # [M]
     token_lp, token_ent = TokenLogprobs.apply(h, head.weight, targets, scale, entropy)
     logprobs = token_lp.new_zeros(real.shape).index_put((real,), token_lp)  # [n, T]
     if not entropy:

@@ -52,7 +52,10 @@ def response_logprobs(
     )
     t = batch.response_mask.shape[1]
     logits = at_least_float32(outputs.logits[:, -t - 1 : -1])  # [n, T, V]: j predicts token j+1
-    if temperature > 0 and temperature != 1.0:  # (a division by 1 would copy [n, T, V])
+    if batch.temperature is not None:  # rows of their own temperature
+        per_row = torch.where(batch.temperature > 0, batch.temperature, 1.0)  # [n]
+        logits = logits / per_row.to(logits.dtype)[:, None, None]
+    elif temperature > 0 and temperature != 1.0:  # (a division by 1 would copy [n, T, V])
         logits = logits / temperature
     targets = batch.input_ids[:, -t:]  # [n, T]
     chosen = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [n, T]

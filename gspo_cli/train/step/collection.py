@@ -171,6 +171,9 @@ def collect_mixed(
             None if seeds is None else [seeds[i] for i in mine],
             sync=sync and not parts,  # the environments share one engine's weights
         )
+    if len({environments[e].sampling.temperature for e in parts}) > 1:  # the trainer's too
+        for e, part in parts.items():
+            part.rollout.temperatures = [environments[e].sampling.temperature] * len(part.rewards)
     if len(parts) == 1:
         return parts[labels[0]]
     return _in_draw_order(environments, labels, parts)

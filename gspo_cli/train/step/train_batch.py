@@ -26,7 +26,8 @@ def build_train_batch(rollout: RolloutBatch, pad_id: int) -> TrainBatch:
         if rollout.from_tool is not None:  # a tool's tokens are context, never targets
             response_mask[i, : len(completion)] -= torch.tensor(rollout.from_tool[i]).float()
     position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)  # [N, P + T]
-    return TrainBatch(input_ids, attention, position_ids, response_mask, p_width)
+    temperature = None if rollout.temperatures is None else torch.tensor(rollout.temperatures)
+    return TrainBatch(input_ids, attention, position_ids, response_mask, p_width, temperature)
 
 
 def check_sampled_ids(batch: TrainBatch, rollout: RolloutBatch) -> None:

@@ -1,5 +1,5 @@
 """A run on two environments (recipe `environments`): each step draws them by weight, each
-generates with its own budget and scores with its own rewards, metrics and held-out accuracy come
+generates with its own budget and temperature (the trainer scores its rows at it) and scores with its own rewards, metrics and held-out accuracy come
 per environment with the weighted mean; the curriculum sets flat prompts aside; and a killed run
 resumes record for record, the curriculum's state with it."""
 
@@ -13,13 +13,18 @@ from typing import Any
 
 import pytest
 
-from tests.support.helpers import run_cli, run_metrics, train_until_checkpoint
+from tests.support.helpers import (
+    first_forward_gaps,
+    run_cli,
+    run_metrics,
+    train_until_checkpoint,
+)
 
 pytestmark = pytest.mark.slow
 
 STEPS = 3
 ENVIRONMENTS = [
-    {"name": "sums", "weight": 3},
+    {"name": "sums", "weight": 3, "temperature": 0.8},  # its rewards vary: its rows train
     {
         "name": "chain",
         "weight": 1,
@@ -76,6 +81,12 @@ def test_each_environment_is_drawn_sampled_and_measured_on_its_own(straight: Pat
         assert "env/chain/reward/reasoning_gym/mean" in step
         assert "env/sums/reward/math/mean" in step and "env/sums/answered" in step
         assert "env/chain/answered" not in step  # its reward does not measure answer forms
+    # the trainer scores each row at the temperature it was sampled at: its log-probs are the
+    # engine's up to float noise (a row scored at the run's temperature is 2e-2 off), so the
+    # engine's log-probs stay pi_old on every step
+    gaps = [step["engine_gap_seq_max"] for step in metrics.values()]
+    assert max(gaps) < 1e-4 and max(first_forward_gaps(metrics)) < 1e-4, gaps
+    assert all(step["pi_old_from_engine"] == 1.0 for step in metrics.values())
     before, after = _records(straight, "eval.jsonl")
     for record in (before, after):
         assert record["env/chain/num_problems"] == 3 and record["env/chain/samples"] == 1

@@ -140,3 +140,45 @@ def test_other_heads_fall_back_to_the_models_own_logits() -> None:
     model.__class__ = renamed.__mro__[1]
     model.config.model_type = "gemma2"  # soft-capped logits
     assert plain_linear_head(model) is None
+
+
+def _scored(
+    model: nn.Module, batch: TrainBatch, temperature: float, own_logits: bool, weights: torch.Tensor
+):  # type: ignore[no-untyped-def]
+    """Log-probs and entropy `[n, T]` (masked), and every parameter's gradient of
+    sum(log-probs x `weights`)."""
+    model.zero_grad()
+    capabilities = capabilities_of(model)
+    if own_logits:
+        capabilities = dataclasses.replace(capabilities, plain_head=False)
+    logprobs, entropy = response_logprobs(model, batch, temperature, True, capabilities)
+    (logprobs * weights * batch.response_mask).sum().backward()
+    grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    mask = batch.response_mask
+    return logprobs.detach() * mask, entropy.detach() * mask, grads  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("own_logits", [False, True], ids=["our head", "own logits"])
+def test_rows_of_their_own_temperature_score_as_they_would_alone(own_logits: bool) -> None:
+    """A mixture's rows sampled at several temperatures (TrainBatch.temperature): each row's
+    log-probs and entropy equal those of its rows forwarded alone at their own temperature, and
+    the gradient is the sum of theirs (float64)."""
+    model, _ = create_builtin("tiny-dense", seed=0)
+    model = model.double()
+    batch = _batch(model.config.vocab_size)
+    weights = torch.linspace(-1, 2, batch.response_mask.numel(), dtype=torch.float64)
+    weights = weights.view_as(batch.response_mask)  # [n, T] a non-uniform upstream
+    temperatures = torch.tensor([1.0, 0.7, 1.3, 0.7, 1.0, 1.3], dtype=torch.float64)
+    mixed = _scored(model, batch._replace(temperature=temperatures), 1.0, own_logits, weights)
+    summed = {key: torch.zeros_like(g) for key, g in mixed[2].items()}
+    for value in (0.7, 1.0, 1.3):
+        rows = (temperatures == value).nonzero().flatten()
+        alone = _scored(model, batch.select(rows), value, own_logits, weights[rows])
+        torch.testing.assert_close(mixed[0][rows], alone[0], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(mixed[1][rows], alone[1], rtol=1e-10, atol=1e-12)
+        for key, grad in alone[2].items():
+            summed[key] += grad
+    for key, grad in mixed[2].items():
+        torch.testing.assert_close(grad, summed[key], rtol=1e-9, atol=1e-12)
+    one = _scored(model, batch, 1.0, own_logits, weights)[0]
+    assert not torch.allclose(mixed[0], one)  # the temperatures mattered

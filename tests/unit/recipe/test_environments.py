@@ -18,6 +18,7 @@ CHAIN_SUM = {
     "data": {"source": "reasoning_gym:chain_sum", "system_prompt": "Add."},
     "reward": [{"name": "reasoning_gym"}],
     "max_new_tokens": 16,
+    "temperature": 0.6,
     "eval": {"num_problems": 7, "samples": 2},
     "cold_start": False,
 }
@@ -51,7 +52,8 @@ def test_each_environment_reads_the_recipe_with_its_own_keys() -> None:
     assert (chain_sum.weight, chain_sum.cold_start) == (0.5, False)
     view = chain_sum.recipe
     assert (view.data.source, view.data.system_prompt) == ("reasoning_gym:chain_sum", "Add.")
-    assert view.data.max_prompt_tokens == 100 and view.rollout.temperature == 0.9
+    assert view.data.max_prompt_tokens == 100 and view.rollout.temperature == 0.6
+    assert arithmetic.recipe.rollout.temperature == 0.9
     assert view.rollout.max_new_tokens == 16 and view.reward.timeout_s == 3.0
     assert [f.name for f in view.reward.functions] == ["reasoning_gym"]
     assert (view.eval.num_problems, view.eval.samples) == (7, 2)
