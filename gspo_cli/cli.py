@@ -209,11 +209,20 @@ def eval_(
     prompt_template: PromptTemplateOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """Evaluate a checkpoint on a benchmark: avg@k, pass@k, maj@k, Elo, with intervals."""
+    """Evaluate a checkpoint on a benchmark: avg@k, pass@k, maj@k, Elo, with intervals; with
+    --recipe and no benchmark, on each of the recipe's environments' held-out sets."""
     from gspo_cli.eval.runner import run_eval
     from gspo_cli.sandbox.isolation import allow_weak_isolation
 
     resolved = load_recipe(recipe, set_) if recipe else recipe_from_overrides(set_)
+    if recipe and benchmark is None and resolved.eval.benchmark is None:
+        # no benchmark: the recipe's environments, each on its held-out set, as training does
+        from gspo_cli.train.run.environment_eval import evaluate_environments
+
+        folder = out or Path("evals") / "heldout"
+        with _stop_line(lambda: eval_stop_message(folder, sys.argv[1:])), stop_on_signals(0):
+            evaluate_environments(checkpoint, resolved, engine, folder, console)
+        return
     flags = {
         "benchmark": benchmark,
         "samples": samples,

@@ -118,3 +118,20 @@ def test_a_killed_mixture_resumes_record_for_record(mixture: Path, straight: Pat
         for run in (straight, killed)
     ]
     assert completions[0] and completions[0] == completions[1]
+
+
+def test_gspo_eval_with_the_recipe_gives_the_runs_own_held_out_figures(
+    mixture: Path, straight: Path, tmp_path: Path
+) -> None:
+    """`gspo eval RUN --recipe R` without a benchmark evaluates each environment as training
+    did (same problems, samples, temperature, seed): the run's last held-out record, to the
+    digit, in results.json as `gspo compare` reads it."""
+    out = tmp_path / "heldout"
+    result = run_cli("eval", str(straight), "--recipe", str(mixture), "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((out / "results.json").read_text())["metrics"]
+    last = _records(straight, "eval.jsonl")[-1]
+    assert last["env/sums/accuracy"] > 0, "nothing solved: equal figures would prove little"
+    for key in ("accuracy", "env/sums/accuracy", "env/chain/accuracy"):
+        assert metrics[key]["value"] == last[key], key
+        assert metrics[key]["ci_low"] == last[f"{key}_ci_low"], key
