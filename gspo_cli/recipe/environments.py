@@ -66,6 +66,12 @@ class EnvironmentConfig(Section):
         description="Its share of each step's prompts (weights need not sum to 1; 0 = only "
         "evaluated, never trained on).",
     )
+    weight_final: float | None = Field(
+        None,
+        ge=0,
+        description="Its weight at the last step: the weight moves linearly from `weight` (step "
+        "1) to this (trainer.steps); None: fixed.",
+    )
     data: dict[str, Any] = Field(
         default_factory=dict,
         description="Its data keys over the recipe's `data`: source, eval_source, splits, "

@@ -254,6 +254,7 @@ class EnvironmentView:
     weight: float
     recipe: Recipe
     cold_start: bool = True  # its rows join the cold start's SFT data
+    weight_final: float | None = None  # its weight at the last step (linear), None: fixed
 
 
 def check_environment_list(recipe: Recipe) -> None:
@@ -267,6 +268,9 @@ def check_environment_list(recipe: Recipe) -> None:
         raise ValueError(f"environments: two environments are named {twice[0]!r}")
     if not any(entry.weight > 0 for entry in entries):
         raise ValueError("environments: every weight is 0, so no prompt would be drawn")
+    finals = [e.weight if e.weight_final is None else e.weight_final for e in entries]
+    if not any(final > 0 for final in finals):
+        raise ValueError("environments: every weight_final is 0, so the last steps draw nothing")
     if recipe.cold_start.enabled and not any(entry.cold_start for entry in entries):
         raise ValueError(
             "cold_start.enabled with every environment's cold_start false: no rows to imitate"
@@ -298,7 +302,11 @@ def environment_views(recipe: Recipe) -> list[EnvironmentView]:
     base = recipe.model_dump(exclude={"environments"}, exclude_unset=True)
     return [
         EnvironmentView(
-            entry.name, entry.weight, _view(type(recipe), base, entry), entry.cold_start
+            entry.name,
+            entry.weight,
+            _view(type(recipe), base, entry),
+            entry.cold_start,
+            entry.weight_final,
         )
         for entry in recipe.environments
     ]

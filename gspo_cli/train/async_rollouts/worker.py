@@ -151,7 +151,7 @@ def _sample(plan: WorkerPlan, staging: nn.Module, inbox: Any, outbox: Any) -> No
                     seed = step_seed(recipe.trainer.seed, step, plan.rollbacks)
                     torch.manual_seed(seed)  # unseeded sampling: one stream per step
                     before = sampler.state_dict()
-                    collected = collect_step(source, plan.settings, seed, plan.ctx)
+                    collected = collect_step(source, plan.settings, seed, plan.ctx, step=step)
                     batch = AsyncBatch(step, version, collected, before, sampler.state_dict())
                     outbox.put(("batch", pickle.dumps(batch)))
             finally:

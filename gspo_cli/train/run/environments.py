@@ -13,14 +13,13 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from gspo_cli.data.problems import Problem
-from gspo_cli.recipe.inputs import CurriculumConfig
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rollout.tool_settings import ToolSettings
 from gspo_cli.train.run.problem_sets import Problems, run_problems
 from gspo_cli.train.run.step_settings import rollout_params
 from gspo_cli.train.step.curriculum import Curriculum, CurriculumSettings
 from gspo_cli.train.step.environments import ENV_PREFIX, EnvironmentPlan
-from gspo_cli.train.step.sampler import MixtureSampler
+from gspo_cli.train.step.sampler import MixtureSampler, WeightSchedule
 
 
 @dataclass
@@ -32,6 +31,7 @@ class RunEnvironment:
     heldout: list[Problem]
     rows: range  # its training rows in the run's list
     cold_start: bool  # its rows join the cold start's SFT data
+    weight_final: float | None = None  # its weight at the last step (linear), None: fixed
 
 
 @dataclass
@@ -44,14 +44,22 @@ class RunEnvironments:
     def several(self) -> bool:
         return len(self.environments) > 1
 
-    def sampler(self, seed: int, curriculum: CurriculumConfig) -> MixtureSampler:
-        """The run's prompt order (with `data.curriculum` when it is enabled)."""
+    def sampler(self, recipe: Recipe) -> MixtureSampler:
+        """The run's prompt order (seeded by data.seed + trainer.seed), with `data.curriculum`
+        when it is enabled and the environments' weight schedule when one has weight_final."""
+        curriculum = recipe.data.curriculum
         settings = CurriculumSettings(curriculum.visits, curriculum.set_aside_epochs)
+        first = [env.weight for env in self.environments]
+        last = [
+            env.weight if env.weight_final is None else env.weight_final
+            for env in self.environments
+        ]
         return MixtureSampler(
             [len(env.train.rows) for env in self.environments],
-            [env.weight for env in self.environments],
-            seed,
+            first,
+            recipe.data.seed + recipe.trainer.seed,
             Curriculum(settings) if curriculum.enabled else None,
+            None if last == first else WeightSchedule(first, last, recipe.trainer.steps),
         )
 
     def cold_start_set(self) -> Problems:
@@ -95,6 +103,7 @@ def load_environments(recipe: Recipe, tokenizer: PreTrainedTokenizerBase) -> Run
                 problems.heldout,
                 rows,
                 view.cold_start,
+                view.weight_final,
             )
         )
         prefix = f"environment {view.name}: " if len(views) > 1 else ""

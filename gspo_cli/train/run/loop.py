@@ -210,6 +210,7 @@ def _one_step(run: PreparedRun, step: int) -> tuple[Any, dict[str, float]]:
             seed,
             ctx,
             note=lambda line: run.console.print(f"step {step}: {line}", highlight=False),
+            step=step,
         )
     else:  # sampled by the worker while earlier steps trained
         batch, waited = run.rollouts.take(step)

@@ -191,7 +191,7 @@ def prepare_run(
     math_pool = MathVerifierPool(recipe.reward.num_workers, recipe.reward.timeout_s)
     services = _reward_services(math_pool, run_dir, ctx.rank, device)
     step_environments = open_environments(environments.plans(), rollout_engine, spec, services)
-    sampler = environments.sampler(recipe.data.seed + recipe.trainer.seed, recipe.data.curriculum)
+    sampler = environments.sampler(recipe)
     wandb_run = _wandb(recipe, run_dir, resume) if ctx.is_main else None
     log = RunLog(run_dir, wandb_run, enabled=ctx.is_main)
     state = RunState()

@@ -207,10 +207,15 @@ def collect_step(
     step_seed: int,
     ctx: DistContext,
     note: Callable[[str], None] | None = None,
+    *,
+    step: int | None = None,
 ) -> Collected:
     """This rank's scored groups of a step, and the batch's data rows, drawn from `source` as
     `settings.collection` says. `note` gets a line per round after the first (no silent
-    refills); GspoError when the rounds kept no group at all."""
+    refills); GspoError when the rounds kept no group at all. `step`: the RL step, for
+    environment weights on a schedule (None: the weights as they are)."""
+    if step is not None:
+        source.sampler.at_step(step)  # environment weights on a schedule
     how, prompts, rows = settings.collection, source.prompts, source.rows
     q = how.num_prompts
     q_local = q // ctx.world

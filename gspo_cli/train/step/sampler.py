@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,6 +46,19 @@ class PromptSampler:
 ENVIRONMENT_SEED_STRIDE = 1_000_033
 
 
+@dataclass(frozen=True)
+class WeightSchedule:
+    """Environment weights moving linearly from `first` (step 1) to `last` (step `steps`)."""
+
+    first: list[float]
+    last: list[float]
+    steps: int
+
+    def weights(self, step: int) -> list[float]:
+        share = min(max((step - 1) / max(self.steps - 1, 1), 0.0), 1.0)
+        return [a + (b - a) * share for a, b in zip(self.first, self.last, strict=True)]
+
+
 class MixtureSampler:
     """Prompts from several environments (recipe `environments`), in one index space: the rows of
     environment e are `offsets[e] ..`. Each draw picks an environment by smooth weighted round
@@ -60,6 +74,7 @@ class MixtureSampler:
         weights: list[float],
         seed: int,
         curriculum: Curriculum | None = None,
+        schedule: WeightSchedule | None = None,
     ) -> None:
         if len(sizes) != len(weights) or not any(w > 0 for w in weights):
             raise ValueError("a mixture needs one weight per environment, not all 0")
@@ -70,6 +85,12 @@ class MixtureSampler:
         self.weights = list(weights)
         self.credits = [0.0] * len(sizes)
         self.curriculum = curriculum
+        self.schedule = schedule
+
+    def at_step(self, step: int) -> None:
+        """Take step `step`'s weights (environments' weights may follow a schedule)."""
+        if self.schedule is not None:
+            self.weights = self.schedule.weights(step)
 
     @property
     def size(self) -> int:

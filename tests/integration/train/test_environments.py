@@ -1,7 +1,8 @@
-"""A run on two environments (recipe `environments`): each step draws them by weight, each
-generates with its own budget and temperature (the trainer scores its rows at it) and scores with its own rewards, metrics and held-out accuracy come
-per environment with the weighted mean; the curriculum sets flat prompts aside; and a killed run
-resumes record for record, the curriculum's state with it."""
+"""A run on two environments (recipe `environments`): each step draws them by weight; each
+generates with its own budget and temperature (the trainer scores its rows at it) and scores
+with its own rewards; metrics and held-out accuracy come per environment with the weighted mean;
+the curriculum sets flat prompts aside; a killed run resumes record for record, the curriculum's
+state with it; and `gspo eval --recipe` gives the run's own held-out figures."""
 
 from __future__ import annotations
 

@@ -79,6 +79,7 @@ def test_tools_belong_to_the_environment_that_has_them() -> None:
     [
         ([ARITHMETIC, ARITHMETIC], {}, "two environments are named 'arithmetic'"),
         ([{**ARITHMETIC, "weight": 0}], {}, "every weight is 0"),
+        ([{**ARITHMETIC, "weight_final": 0}], {}, "every weight_final is 0"),
         ([{**ARITHMETIC, "weight": -1}], {}, "environments.0.weight: Input should be greater"),
         ([{**ARITHMETIC, "name": "a b"}], {}, "environment name 'a b'"),
         ([{**ARITHMETIC, "data": {"seed": 3}}], {}, "data.seed is not a per-environment key"),

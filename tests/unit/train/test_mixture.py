@@ -18,7 +18,7 @@ from gspo_cli.train.step.collection import PromptSource, collect_step
 from gspo_cli.train.step.curriculum import Curriculum, CurriculumSettings
 from gspo_cli.train.step.environments import StepEnvironment, environment_means
 from gspo_cli.train.step.rewards import RewardScores
-from gspo_cli.train.step.sampler import MixtureSampler, PromptSampler
+from gspo_cli.train.step.sampler import MixtureSampler, PromptSampler, WeightSchedule
 from gspo_cli.train.step.settings import CollectionSettings
 from tests.support.rl_helpers import tiny_step
 
@@ -221,3 +221,16 @@ def test_an_environment_with_larger_rewards_gets_the_same_advantages() -> None:
     assert not torch.allclose(
         group_advantages(rewards, 4, scale=False), group_advantages(scaled, 4, scale=False)
     )
+
+
+def test_weights_on_a_schedule_move_the_shares_from_first_to_last() -> None:
+    schedule = WeightSchedule([3.0, 1.0], [1.0, 3.0], steps=5)
+    assert schedule.weights(1) == [3.0, 1.0] and schedule.weights(5) == [1.0, 3.0]
+    assert schedule.weights(3) == [2.0, 2.0]
+    sampler = MixtureSampler([40, 40], [3.0, 1.0], seed=0, schedule=schedule)
+    shares = []
+    for step in range(1, 6):
+        sampler.at_step(step)
+        rows = sampler.next(8)
+        shares.append(sum(sampler.environment_of(row) == 1 for row in rows))
+    assert shares[0] == 2 and shares[-1] == 6 and shares == sorted(shares)
