@@ -13,11 +13,14 @@ set (`--problems` x 4 samples). Per seed (trainer.seed; the sampling and data or
 it prints, per environment, the final held-out accuracy of the mixture, of that environment
 alone and of the curriculum run; then, paired by seed, the mixture minus alone; the share of
 groups without signal (zero_adv_group_frac, mean over steps) with and without the curriculum;
-and the steps the curriculum run took to reach the uniform run's final weighted accuracy
-(linear between evaluations; "not reached" when it did not). One torch thread per run, one run
-at a time. A finished run (summary.json) is not run again. Prints; asserts nothing.
+and the step at which each of the two first reached the uniform run's final weighted accuracy
+(linear between evaluations; "-" when it did not), with their ratio. One torch thread per
+run, one run at a time. A finished run (summary.json) is not run again. Prints; asserts nothing.
+`--train-size N` cuts every environment's training set to N problems, so that a run revisits
+its prompts (the curriculum judges a prompt on its visits); `--visits K` is the curriculum's K.
 
     .venv/bin/python benchmarks/environments.py DIR [--seeds 1,2] [--steps 60] [--every 15]
+        [--train-size N] [--visits K] [--kinds mixture,curriculum,alone]
 """
 
 from __future__ import annotations
@@ -52,9 +55,19 @@ def _run(command: str, recipe: Path, out: Path) -> None:
         raise SystemExit(f"{out.name} failed: see {log}")
 
 
-def _recipe(folder: Path, name: str, changes: dict[str, Any]) -> Path:
-    raw = yaml.safe_load(MIXTURE.read_text())
-    raw.update(changes)
+def _shrink(raw: dict[str, Any], size: int) -> None:
+    """Every environment's training set cut to `size` problems (held-out sets unchanged)."""
+    raw["data"].setdefault("arithmetic", {})["num_train"] = size
+    for env in raw["environments"]:
+        data = env.setdefault("data", {})
+        if "arithmetic" in data:
+            data["arithmetic"]["num_train"] = size
+        if "reasoning_gym" in data:
+            data["reasoning_gym"]["size"] = size
+
+
+def _recipe(folder: Path, name: str, changes: dict[str, Any], base: dict[str, Any]) -> Path:
+    raw = {**base, **changes}
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
@@ -98,12 +111,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=15)
     parser.add_argument("--problems", type=int, default=50)
+    parser.add_argument(
+        "--train-size", type=int, default=0,
+        help="Training problems per environment (0: the recipe's): small enough that the run "
+        "revisits its prompts, which the curriculum needs",
+    )  # fmt: skip
+    parser.add_argument("--visits", type=int, default=2, help="The curriculum's K.")
+    parser.add_argument("--kinds", default="mixture,curriculum,alone")
     args = parser.parse_args()
     folder = args.folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     raw = yaml.safe_load(MIXTURE.read_text())
+    if args.train_size:
+        _shrink(raw, args.train_size)
     names = [env["name"] for env in raw["environments"]]
-    _run("sft", _recipe(folder, "sft", {}), folder / "sft")
+    _run("sft", _recipe(folder, "sft", {}, raw), folder / "sft")
     start = {
         "model": {"path": str(folder / "sft" / COLD_START)},
         "cold_start": {"enabled": False},
@@ -125,7 +147,8 @@ def main() -> None:
         }
         for kind, changes in kinds.items():
             out = folder / f"{kind}-seed{seed}"
-            _run("train", _recipe(folder, f"{kind}-seed{seed}", {**seeded, **changes}), out)
+            recipe = _recipe(folder, f"{kind}-seed{seed}", {**seeded, **changes}, raw)
+            _run("train", recipe, out)
             results.setdefault(kind, {})[seed] = out
     _report(results, names)
 
@@ -134,32 +157,49 @@ def _report(results: dict[str, dict[int, Path]], names: list[str]) -> None:
     seeds = sorted(results["mixture"])
     print("final held-out accuracy per environment (avg@4):")
     for name in names:
+        alone = results.get(f"alone-{name}")
         for seed in seeds:
             mixed = _env_accuracy(_evals(results["mixture"][seed])[-1], name)
-            alone = _env_accuracy(_evals(results[f"alone-{name}"][seed])[-1], name)
             curriculum = _env_accuracy(_evals(results["curriculum"][seed])[-1], name)
-            print(f"  {name:12s} seed {seed}: mixture {mixed:.3f}  alone {alone:.3f}  "
-                  f"curriculum {curriculum:.3f}")  # fmt: skip
-        gaps = [
-            _env_accuracy(_evals(results["mixture"][s])[-1], name)
-            - _env_accuracy(_evals(results[f"alone-{name}"][s])[-1], name)
-            for s in seeds
-        ]
-        print(f"  {name:12s} mixture - alone: {_mean_and_half(gaps)}")
+            own = (
+                ""
+                if alone is None
+                else f"  alone {_env_accuracy(_evals(alone[seed])[-1], name):.3f}"
+            )
+            print(
+                f"  {name:12s} seed {seed}: mixture {mixed:.3f}{own}  curriculum {curriculum:.3f}"
+            )
+        if alone is not None:
+            gaps = [
+                _env_accuracy(_evals(results["mixture"][s])[-1], name)
+                - _env_accuracy(_evals(alone[s])[-1], name)
+                for s in seeds
+            ]
+            print(f"  {name:12s} mixture - alone: {_mean_and_half(gaps)}")
     for seed in seeds:
         uniform, curriculum = results["mixture"][seed], results["curriculum"][seed]
-        target = _evals(uniform)[-1]["accuracy"]
-        reached = _steps_to(_evals(curriculum), target)
-        steps = _evals(uniform)[-1]["step"]
+        target, steps = _evals(uniform)[-1]["accuracy"], _evals(uniform)[-1]["step"]
+        set_aside = sum(
+            json.loads(line).get("curriculum_set_aside_new", 0.0)
+            for line in (curriculum / METRICS).read_text().splitlines()
+        )
+        reached = {
+            name: _steps_to(_evals(run), target)
+            for name, run in (("uniform", uniform), ("curriculum", curriculum))
+        }
+        when = ", ".join(
+            f"{name} at step {'-' if step is None else f'{step:.0f}'}"
+            for name, step in reached.items()
+        )
+        ratio = (
+            "" if None in reached.values() or not reached["uniform"]
+            else f" (curriculum / uniform {reached['curriculum'] / reached['uniform']:.0%})"  # type: ignore[operator]
+        )  # fmt: skip
         print(
-            f"seed {seed}: groups without signal {_zero_signal(uniform):.3f} uniform, "
-            f"{_zero_signal(curriculum):.3f} curriculum; uniform's final weighted accuracy "
-            f"{target:.3f} reached by the curriculum at step "
-            + (
-                "not reached"
-                if reached is None
-                else f"{reached:.0f} of {steps} ({reached / steps:.0%})"
-            )
+            f"seed {seed}: prompts set aside {set_aside:.0f}; groups without signal "
+            f"{_zero_signal(uniform):.3f} uniform, {_zero_signal(curriculum):.3f} curriculum; "
+            f"uniform's final weighted accuracy {target:.3f} (step {steps}) first reached: "
+            f"{when}{ratio}"
         )
 
 
