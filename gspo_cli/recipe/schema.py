@@ -314,7 +314,7 @@ def environment_views(recipe: Recipe) -> list[EnvironmentView]:
 
 def _view(recipe_type: type[Recipe], base: dict[str, Any], entry: EnvironmentConfig) -> Recipe:
     raw = dict(base)
-    raw["data"] = {**base.get("data", {}), **entry.data}
+    raw["data"] = _merged(base.get("data", {}), entry.data)
     if entry.reward is not None:
         functions = [f.model_dump(exclude_unset=True) for f in entry.reward]
         raw["reward"] = {**base.get("reward", {}), "functions": functions}
@@ -334,3 +334,14 @@ def _view(recipe_type: type[Recipe], base: dict[str, Any], entry: EnvironmentCon
         where = ".".join(str(part) for part in err["loc"]) or "recipe"
         message = str(err["msg"]).removeprefix("Value error, ")
         raise ValueError(f"environment {entry.name!r}: {where}: {message}") from None
+
+
+def _merged(base: dict[str, Any], keys: dict[str, Any]) -> dict[str, Any]:
+    """`keys` over `base`, section by section: an environment's `arithmetic: {max_operand: 99}`
+    changes that one knob of the recipe's arithmetic task."""
+    out = dict(base)
+    for key, value in keys.items():
+        inner = out.get(key)
+        both = isinstance(inner, dict) and isinstance(value, dict)
+        out[key] = _merged(inner, value) if both else value  # type: ignore[arg-type]
+    return out

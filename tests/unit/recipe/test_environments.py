@@ -11,7 +11,10 @@ import pytest
 from gspo_cli.recipe.environments import DEFAULT_ENVIRONMENT
 from gspo_cli.recipe.loader import RecipeError, load_recipe, validate_recipe
 
-ARITHMETIC = {"name": "arithmetic", "data": {"source": "builtin:arithmetic"}}
+ARITHMETIC = {
+    "name": "arithmetic",
+    "data": {"source": "builtin:arithmetic", "arithmetic": {"operators": "+-*"}},
+}
 CHAIN_SUM = {
     "name": "chain_sum",
     "weight": 0.5,
@@ -47,6 +50,7 @@ def test_each_environment_reads_the_recipe_with_its_own_keys() -> None:
     arithmetic, chain_sum = validate_recipe(raw, "r.yaml").environments_resolved()
     assert arithmetic.recipe.data.source == "builtin:arithmetic"
     assert arithmetic.recipe.data.arithmetic.max_operand == 5  # the recipe's data keys stay
+    assert arithmetic.recipe.data.arithmetic.operators == "+-*"  # its own, knob by knob
     assert arithmetic.recipe.rollout.max_new_tokens == 40
     assert [f.name for f in arithmetic.recipe.reward.functions] == ["math"]
     assert (chain_sum.weight, chain_sum.cold_start) == (0.5, False)
