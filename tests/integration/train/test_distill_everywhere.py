@@ -1,7 +1,8 @@
 """On-policy distillation with the rest of gspo: LoRA (the teacher is its own model, never the
-adapters' base), DeepSpeed on two processes (ZeRO-2, each rank scores its own rows with the
-whole teacher) and asynchronous rollouts (pi_old is the behaviour policy's) reproduce the
-one-process run."""
+adapters' base), and asynchronous rollouts (pi_old is the behaviour policy's) on DeepSpeed with
+two processes at ZeRO-3 (each rank scores its own rows with the whole teacher) reproduce the
+one-process run. (ZeRO-2 alone is not run: ZeRO-3 with async rollouts holds every part of it,
+and CI's time is better spent elsewhere.)"""
 
 from __future__ import annotations
 
@@ -47,13 +48,6 @@ def _same(a: dict[int, dict[str, Any]], b: dict[int, dict[str, Any]]) -> None:
 
 
 DEEPSPEED_TWO = ("--set", "trainer.engine=deepspeed", "--nproc", "2")
-
-
-def test_two_processes_zero2_reproduce_one_process(tiny_recipe, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    recipe = _recipe(tiny_recipe)
-    one = _train(recipe, tmp_path / "one")
-    two = _train(recipe, tmp_path / "two", *DEEPSPEED_TWO, "--set", "deepspeed.zero_stage=2")
-    _same(one, two)
 
 
 def test_async_rollouts_on_two_processes_zero3_reproduce_one_process(  # type: ignore[no-untyped-def]

@@ -1,5 +1,5 @@
-"""LoRA under DeepSpeed on CPU (gloo), 2 processes: ZeRO-2 and ZeRO-3 train the adapters as the
-plain-torch engine does (KL reference included), save them, and resume."""
+"""LoRA under DeepSpeed on CPU (gloo), 2 processes: ZeRO-3 trains the adapters as the
+plain-torch engine does (KL reference included), saves them, and resumes."""
 
 from __future__ import annotations
 
@@ -67,7 +67,9 @@ def _zero(stage: int) -> tuple[str, ...]:
     return ("--set", "trainer.engine=deepspeed", "--set", f"deepspeed.zero_stage={stage}")
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+# ZeRO-3 only: its partitioned parameters and gathered adapters hold everything ZeRO-2 does for
+# LoRA, plus the gather (ZeRO-2 with LoRA ran alike; CI's time is better spent elsewhere)
+@pytest.mark.parametrize("stage", [3])
 def test_two_processes_train_the_adapters_as_plain_torch(
     folder: Path, torch_run: Path, stage: int
 ) -> None:
