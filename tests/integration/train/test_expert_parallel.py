@@ -4,8 +4,8 @@ tokens travel to their experts by all-to-all) trains as EP = 1 does on two proce
 process does, at ZeRO-2, with GSPO and with GRPO plus Routing Replay R3 and the router aux
 loss (R2 under EP is the same replay of recorded experts, recorded by the trainer's pi_old
 forward: test_deepspeed_moe.py holds R2 at ZeRO 0); and at ZeRO-3 with GSPO; `gspo export` of
-its checkpoints (ZeRO-2 and 3) is a plain HF model with whole experts whose logits are the EP = 1 run's; a run killed at EP = 2
-resumes exactly.
+its checkpoints (ZeRO-2 and 3) is a plain HF model with whole experts whose logits are the
+EP = 1 run's; a run killed at EP = 2 resumes exactly.
 
 Tolerances: as tests/integration/train/test_deepspeed_moe.py (losses, gradient norms and ratios to
 1e-4 relative: the ranks' sums run in another order; expert volatility to 1e-6 absolute, a
