@@ -65,10 +65,7 @@ class RunEnvironments:
     def cold_start_set(self) -> Problems:
         """The training problems of the environments whose rows the cold start imitates."""
         chosen = [env for env in self.environments if env.cold_start]
-        return Problems(
-            [row for env in chosen for row in env.train.rows],
-            [prompt for env in chosen for prompt in env.train.prompts],
-        )
+        return _joined(chosen)
 
     def plans(self) -> list[EnvironmentPlan]:
         """What the step needs of each environment, in plain values."""
@@ -109,11 +106,16 @@ def load_environments(recipe: Recipe, tokenizer: PreTrainedTokenizerBase) -> Run
         prefix = f"environment {view.name}: " if len(views) > 1 else ""
         notes += [prefix + line for line in problems.notes]
         start += size
-    train = Problems(
+    train = _joined(environments)
+    return RunEnvironments(environments, train, notes)
+
+
+def _joined(environments: list[RunEnvironment]) -> Problems:
+    """The environments' training problems, one environment after the other."""
+    return Problems(
         [row for env in environments for row in env.train.rows],
         [prompt for env in environments for prompt in env.train.prompts],
     )
-    return RunEnvironments(environments, train, notes)
 
 
 def mixed_heldout(
