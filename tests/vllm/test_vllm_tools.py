@@ -20,11 +20,11 @@ from gspo_cli.models.forward.logprobs import response_logprobs
 from gspo_cli.recipe import load_recipe
 from gspo_cli.rollout.base import EngineSpec, SamplingParams
 from gspo_cli.rollout.engines import make_rollout_engine
-from gspo_cli.runs.folder import COLD_START
-from gspo_cli.train.run.loop import run_sft_only
 from gspo_cli.train.step.train_batch import build_train_batch, check_sampled_ids
-from tests.support.helpers import write_recipe
+from tests.support.helpers import cold_start, shared_root, write_recipe
 
+# tests/integration/train/test_tool_training.py's cold start: `make test` trains it once for
+# both suites (tests/support/helpers.py `shared_root`)
 TOOL_TASK = {
     "data": {"arithmetic": {"tool_rate": 1.0, "unboxed_rate": 0.0}},
     "rollout": {"max_new_tokens": 64, "tools": {"output_max_tokens": 16, "max_calls": 2}},
@@ -32,11 +32,11 @@ TOOL_TASK = {
 }
 
 
-def test_vllm_tool_trajectories_keep_the_engines_ids_and_log_probs(tmp_path: Path) -> None:
-    recipe_file = write_recipe(tmp_path, TOOL_TASK)
-    recipe = load_recipe(recipe_file)
-    run_sft_only(recipe, recipe_file.read_text(), run_dir=tmp_path / "run")
-    model, tokenizer = load_policy(str(tmp_path / "run" / COLD_START))
+def test_vllm_tool_trajectories_keep_the_engines_ids_and_log_probs(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    recipe = load_recipe(write_recipe(tmp_path, TOOL_TASK))
+    model, tokenizer = load_policy(str(cold_start(shared_root(tmp_path_factory), TOOL_TASK)))
     spec = EngineSpec(
         model, tokenizer, model.state_dict().items, seed=0, tools=recipe.tool_settings()
     )

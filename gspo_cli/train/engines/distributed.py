@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -188,9 +187,7 @@ def init_process_group(ctx: DistContext, device: torch.device) -> None:
         )
     deepspeed = import_deepspeed(device)
     if not dist.is_initialized():
-        note = shm_op_build_note()
-        if note is not None and ctx.local_rank == 0:  # one line per machine: it builds once
-            print(note, file=sys.stderr, flush=True)
+        skip_shm_op()
         deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
 
 
@@ -202,33 +199,19 @@ def import_deepspeed(device: torch.device) -> ModuleType:
     return importlib.import_module("deepspeed")
 
 
-# DeepSpeed's CPU collectives op: built by the first init_distributed on a CPU accelerator, with
-# nothing on screen, for a minute or more (86 s on a 2-core machine), then cached.
+# DeepSpeed's shared-memory op for CPU collectives serves only `inference_all_reduce`, which its
+# tensor-parallel inference layers call and training never does (all_reduce goes through gloo).
+# init_distributed would still JIT-build it (86 s on 2 cores, again in every new venv: the build
+# keys on the venv's include paths) and load it in every rank.
 SHM_OP = "deepspeed_shm_comm"
 
 
-def shm_op_build_note() -> str | None:
-    """The line to print before DeepSpeed builds SHM_OP; None when it is built already (or
-    prebuilt in the wheel, or not used on this accelerator)."""
+def skip_shm_op() -> None:
+    """Tell DeepSpeed not to build SHM_OP: its table of compatible ops is what `build_shm_op`
+    (deepspeed/comm/torch.py) reads, and DeepSpeed keeps edits to it."""
     import deepspeed.ops
-    from deepspeed.accelerator import get_accelerator
-    from deepspeed.git_version_info import installed_ops
 
-    try:  # torch's own (private) answer to where a JIT build goes; the line is only a courtesy
-        from torch.utils.cpp_extension import _get_build_directory
-    except ImportError:
-        return None
-    if get_accelerator().device_name() != "cpu" or installed_ops.get(SHM_OP, False):
-        return None
-    if not deepspeed.ops.__compatible_ops__.get(SHM_OP, False):
-        return None
-    folder = _get_build_directory(SHM_OP, verbose=False)  # torch's JIT folder, as DeepSpeed's
-    if os.path.isfile(os.path.join(folder, f"{SHM_OP}.so")):
-        return None
-    return (
-        f"DeepSpeed is building its CPU communication op ({SHM_OP}) in {folder}: once per "
-        "machine, a minute or two"
-    )
+    deepspeed.ops.__compatible_ops__[SHM_OP] = False
 
 
 def free_port() -> int:

@@ -1,6 +1,6 @@
 """DeepSpeed's start on CPU says what matters and nothing else: no "Setting accelerator to CPU"
-warning (nor any DeepSpeed import in torch-engine runs), and one line before its first, silent
-build of the CPU communication op."""
+warning (nor any DeepSpeed import in torch-engine runs), and no build of the shared-memory
+communication op it never uses."""
 
 from __future__ import annotations
 
@@ -56,23 +56,21 @@ def test_deepspeed_on_cpu_is_told_its_accelerator_and_does_not_warn() -> None:
     assert "Setting accelerator" not in result.stdout + result.stderr
 
 
-def test_the_first_build_of_the_shm_op_is_announced(tmp_path: Path) -> None:
+def test_the_process_group_starts_without_building_the_shm_op(tmp_path: Path) -> None:
+    """DeepSpeed's shared-memory op (inference only) would be JIT-built into torch's extensions
+    folder at the first init_distributed in each venv (86 s on 2 cores): it is not built."""
     code = (
-        "import os, torch\n"
-        "from gspo_cli.train.engines.distributed import SHM_OP, import_deepspeed\n"
-        "from gspo_cli.train.engines.distributed import shm_op_build_note\n"
-        "import_deepspeed(torch.device('cpu'))\n"
-        "print(shm_op_build_note())\n"
-        "folder = os.path.join(os.environ['TORCH_EXTENSIONS_DIR'], SHM_OP)\n"
-        "open(os.path.join(folder, SHM_OP + '.so'), 'w').close()  # as a finished build leaves\n"
-        "print(shm_op_build_note())\n"
+        "import torch, torch.distributed as dist\n"
+        "from gspo_cli.train.engines.distributed import LOCAL, init_process_group\n"
+        "init_process_group(LOCAL, torch.device('cpu'))\n"
+        "total = torch.ones(3)\n"
+        "dist.all_reduce(total)\n"
+        "print(total.tolist())\n"
     )
-    lines = _python(code, TORCH_EXTENSIONS_DIR=str(tmp_path)).stdout.strip().splitlines()
-    assert lines[-2] == (
-        f"DeepSpeed is building its CPU communication op (deepspeed_shm_comm) in "
-        f"{tmp_path / 'deepspeed_shm_comm'}: once per machine, a minute or two"
-    )
-    assert lines[-1] == "None"
+    result = _python(code, TORCH_EXTENSIONS_DIR=str(tmp_path))
+    assert result.stdout.strip().splitlines()[-1] == "[1.0, 1.0, 1.0]"
+    assert "shm_comm" not in result.stdout + result.stderr
+    assert not any(tmp_path.iterdir()), sorted(tmp_path.iterdir())
 
 
 ADAPTERS = """
