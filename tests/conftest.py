@@ -10,6 +10,8 @@ import pytest
 
 from tests.support.helpers import REPO
 
+pytest_plugins = ["tests.support.cpu_time"]  # pytest --cpu-durations=N
+
 SHARED = Path(os.environ.get("GSPO_SHARED", REPO.parent / "shared"))
 
 
