@@ -126,11 +126,37 @@ def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
         for key in ("source", "eval_source"):
             if isinstance(own, dict) and isinstance(own.get(key), str):
                 own[key] = resolve_path(own[key], folder)
+    reward = data.get("reward") if isinstance(data.get("reward"), dict) else {}
+    function_lists = [reward.get("functions")] + [
+        entry.get("reward") for entry in data.get("environments") or [] if isinstance(entry, dict)
+    ]
+    for functions in function_lists:
+        for function in functions if isinstance(functions, list) else []:
+            if isinstance(function, dict) and function.get("name") in MODEL_OPTION_REWARDS:
+                _resolve_model_option(function.get("options"), folder)
+    if isinstance(reward.get("heldout_judge"), dict):
+        _resolve_model_option(reward["heldout_judge"].get("options"), folder)
     algorithm = data.get("algorithm")  # the distillation teacher: a model path one level down
     distill = algorithm.get("distill") if isinstance(algorithm, dict) else None
     if isinstance(distill, dict) and isinstance(distill.get("teacher"), str):
-        distill["teacher"] = resolve_model_folder(resolve_path(distill["teacher"], folder), folder)
+        distill["teacher"] = resolve_model_path(distill["teacher"], folder)
     return data
+
+
+# Rewards whose `model` option may name a checkpoint folder (the judge's may also be a URL).
+MODEL_OPTION_REWARDS = ("reward_model", "judge")
+
+
+def _resolve_model_option(options: object, folder: Path) -> None:
+    """A reward's `options.model`, a folder relative to the recipe as `model.path` is."""
+    if isinstance(options, dict) and isinstance(options.get("model"), str):
+        options["model"] = resolve_model_path(options["model"], folder)
+
+
+def resolve_model_path(value: str, folder: Path) -> str:
+    """A model named in a recipe: a relative path, or a bare name with a folder next to the
+    recipe, made absolute; anything else (hub ids, built-ins, URLs) as it is."""
+    return resolve_model_folder(resolve_path(value, folder), folder)
 
 
 def resolve_model_folder(value: str, folder: Path) -> str:

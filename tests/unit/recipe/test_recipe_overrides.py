@@ -79,3 +79,34 @@ def test_a_bare_folder_without_config_json_is_refused_at_validate(tmp_path: Path
     assert info.value.problems == [
         f"model.path: {tmp_path / 'mymodel'} is a folder without config.json, not an HF checkpoint"
     ]
+
+
+def test_reward_and_judge_models_are_read_from_the_recipes_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reward model's or judge's `model` is a path relative to the recipe, as `model.path`
+    is (it was read from the working folder, and failed as a malformed hub id)."""
+    recipes = tmp_path / "recipes"
+    for folder, labels in (("rm", 1), ("judge-lm", 2)):
+        (recipes / folder).mkdir(parents=True)
+        (recipes / folder / "config.json").write_text(
+            f'{{"model_type": "qwen3", "num_labels": {labels}}}'
+        )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    text = (
+        "reward:\n"
+        "  functions:\n"
+        "    - {name: math}\n"
+        "    - {name: reward_model, weight: 0.5, options: {model: ./rm}}\n"
+        "    - {name: judge, weight: 0.5, none_as: skip, options: {model: judge-lm}}\n"
+        "  heldout_judge: {every: 5, options: {model: ../recipes/judge-lm}}\n"
+    )
+    loaded = load_recipe(write(recipes, text))
+    options = [f.options.get("model") for f in loaded.reward.functions]
+    assert options == [None, str(recipes / "rm"), str(recipes / "judge-lm")]
+    assert loaded.reward.heldout_judge is not None
+    assert loaded.reward.heldout_judge.options["model"] == str(recipes / "judge-lm")
+    url = "reward:\n  functions: [{name: judge, none_as: skip, options: {model: 'http://localhost:8000/v1'}}]\n"
+    assert load_recipe(write(recipes, url)).reward.functions[0].options["model"].startswith("http")
