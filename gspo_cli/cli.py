@@ -106,6 +106,10 @@ def train(
 
         check_resumed_base(resolved, run_dir)  # before the target check converts the file
     _check_lora(recipe, resolved, hub=True)
+    if hostfile is not None:  # before the run folder is made: a bad one leaves nothing behind
+        from gspo_cli.train.engines.multinode import read_hostfile
+
+        read_hostfile(hostfile, nproc)
     from gspo_cli.train.engines.launch import says_summary
 
     if says_summary():  # once: not again in each rank that --nproc starts

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from typing import Any, NamedTuple, Protocol
 
@@ -156,10 +156,26 @@ def _mixed(specs: list[TaskSpec], seed: int, size: int) -> Any:
     return _build(COMPOSITE, {"datasets": datasets}, seed, size)
 
 
+def _entries(specs: list[TaskSpec], seed: int, size: int) -> Iterator[tuple[int, Any]]:
+    """The dataset's problems by index; ValueError naming the one its generator failed on (some
+    tasks run out of distinct problems, or overflow, far into a large `size`)."""
+    dataset = _mixed(specs, seed, size)
+    for i in range(size):
+        try:
+            entry = dataset[i]
+        except Exception as exc:  # a generator's failure has no one type
+            names = ", ".join(s.name for s in specs)
+            raise ValueError(
+                f"reasoning_gym {names}: the generator failed at problem {i} of {size} "
+                f"({type(exc).__name__}: {exc}); lower data.reasoning_gym.size"
+            ) from None
+        yield i, entry
+
+
 def _rows(source: str, specs: list[TaskSpec], seed: int, size: int, split: str) -> list[Any]:
     configs = {s.name: s.config for s in specs}
     rows = []
-    for i, entry in enumerate(_mixed(specs, seed, size)):
+    for i, entry in _entries(specs, seed, size):
         task = entry["metadata"]["source_dataset"]
         gold = entry["answer"]
         rows.append(

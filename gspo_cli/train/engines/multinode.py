@@ -40,8 +40,14 @@ def read_hostfile(path: Path, nproc: int) -> list[str]:
     """The hosts, in order (the first one runs global rank 0); each must offer `nproc` slots."""
     if not path.is_file():
         raise GspoError(f"--hostfile: file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise GspoError(
+            f"{path}: not UTF-8 text (byte {exc.start}); a hostfile is `HOST slots=N` lines"
+        ) from None
     hosts: dict[str, int] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue

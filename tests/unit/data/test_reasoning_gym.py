@@ -76,6 +76,32 @@ def test_training_and_heldout_problems_never_overlap_and_the_drops_are_counted()
     assert source_note(data.source, "test", data) == note
 
 
+def test_a_generator_that_fails_far_into_the_size_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Some tasks fail deep into a large `size` (one raised at problem 555,334 of 600,000): the
+    error names the problem and the setting, not a traceback from reasoning-gym."""
+    real = rg_data._mixed
+
+    class FailsAtFive:
+        def __init__(self, dataset: Any) -> None:
+            self.dataset = dataset
+
+        def __getitem__(self, i: int) -> Any:
+            if i == 5:
+                raise IndexError("list index out of range")
+            return self.dataset[i]
+
+    monkeypatch.setattr(rg_data, "_mixed", lambda *a: FailsAtFive(real(*a)))
+    with pytest.raises(GspoError) as info:
+        _fresh_rows(_data(seed=4), "train")
+    assert str(info.value) == (
+        "data: reasoning_gym chain_sum: the generator failed at problem 5 of 300 (IndexError: "
+        "list index out of range); lower data.reasoning_gym.size"
+    )
+    rg_data._splits.cache_clear()
+
+
 def test_a_composite_mixes_tasks_by_weight() -> None:
     tasks = {
         "chain_sum": {"weight": 3, "config": SMALL_SUMS},
