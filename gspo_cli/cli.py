@@ -370,8 +370,8 @@ def main() -> None:
         sys.exit(2)
 
 
-# Write errors that are the machine's state, not a bug: full, quota, read-only, refused.
-USER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+# Write errors that are the machine's state, not a bug: full, quota, size limit, read-only, refused.
+USER_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 def _error(line: str) -> None:

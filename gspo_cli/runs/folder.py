@@ -209,27 +209,43 @@ def check_run_folder(run_dir: Path, resume: bool) -> None:
         )
 
 
+def _chain_says(exc: BaseException, errnos: tuple[int, ...], phrases: tuple[str, ...]) -> bool:
+    """Whether an OSError with one of `errnos`, or a message with one of `phrases` (for writers
+    that wrap the OSError, as safetensors' does), is in `exc`'s chain."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in errnos:
+            return True
+        if any(phrase in str(seen).lower() for phrase in phrases):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def out_of_space(exc: BaseException, path: Path) -> bool:
     """Whether `exc`, raised while writing under `path`, means the disk (or quota) is full:
     ENOSPC/EDQUOT in the exception chain or its message, or next to nothing left free (for
     writers that lose the errno). Check before removing the partial write."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if "No space left" in str(seen) or "quota exceeded" in str(seen).lower():
-            return True
-        seen = seen.__cause__ or seen.__context__
+    if _chain_says(exc, (errno.ENOSPC, errno.EDQUOT), ("no space left", "quota exceeded")):
+        return True
     try:
         return shutil.disk_usage(path).free < LOW_SPACE_BYTES
     except OSError:
         return False
 
 
+def file_too_large(exc: BaseException) -> bool:
+    """Whether `exc` is a write past the process's file size limit (`ulimit -f`): EFBIG, which
+    Python gets instead of SIGXFSZ (it ignores that signal)."""
+    return _chain_says(exc, (errno.EFBIG,), ("file too large",))
+
+
 def write_error(exc: OSError, path: Path) -> GspoError:
     """A failed write under `path` as one line that names the problem and the place."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return GspoError(f"no space left on {path}")
+    if exc.errno == errno.EFBIG:
+        return GspoError(FILE_SIZE_LIMIT.format(path=path))
     if exc.errno == errno.EROFS:
         return GspoError(f"cannot write in {path}: read-only file system")
     if exc.errno in (errno.EACCES, errno.EPERM):
@@ -239,14 +255,19 @@ def write_error(exc: OSError, path: Path) -> GspoError:
     return GspoError(f"cannot write in {path}: {exc.strerror or exc}")
 
 
+FILE_SIZE_LIMIT = "cannot write in {path}: a file reached the file size limit (ulimit -f)"
+
+
 def remove_partial(tmp: Path, exc: BaseException, where: Path) -> GspoError | None:
-    """Remove a staging folder a failed write left; the one-line error for a full disk (or a
-    refused write), else None (re-raise the original). Disk-full is judged before the removal
-    frees the space."""
+    """Remove a staging folder a failed write left; the one-line error for a full disk, a file
+    size limit (or a refused write), else None (re-raise the original). Disk-full is judged
+    before the removal frees the space."""
     full = isinstance(exc, Exception) and out_of_space(exc, where)  # not for Ctrl-C
     shutil.rmtree(tmp, ignore_errors=True)
     if full:
         return GspoError(f"no space left on {where}")
+    if isinstance(exc, Exception) and file_too_large(exc):
+        return GspoError(FILE_SIZE_LIMIT.format(path=where))
     if isinstance(exc, OSError) and exc.errno:
         return write_error(exc, where)
     return None

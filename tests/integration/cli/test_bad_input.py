@@ -7,7 +7,9 @@ import contextlib
 import errno
 import json
 import os
+import resource
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from gspo_cli.models import load_policy
 from gspo_cli.recipe import deep_merge
 from gspo_cli.runs.folder import RUN_MARKER
 from gspo_cli.runs.marker import RUN, mark_folder
-from tests.support.helpers import invoke_cli, one_error_line, write_recipe
+from tests.support.helpers import REPO, invoke_cli, one_error_line, write_recipe
 
 GSM8K = Path("benchmarks") / "gsm8k" / "qwen25math_gsm8k_test.jsonl"
 QUICK = {"model": {"path": "builtin:tiny-dense"}, "trainer": {"steps": 1}}
@@ -122,6 +124,39 @@ def test_a_full_disk_during_a_checkpoint(tmp_path: Path, monkeypatch: pytest.Mon
     assert written and written[0].parent.name == ".step_000001.tmp"  # the save had begun
     assert list(root.iterdir()) == []  # the half-written folder is gone at once
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
+@pytest.mark.slow
+def test_a_file_size_limit_during_a_checkpoint_keeps_the_last_one(tmp_path: Path) -> None:
+    """`ulimit -f` reached by a checkpoint's weights (safetensors wraps the EFBIG): one line,
+    the earlier checkpoint intact, and the run resumes from it once the limit is lifted."""
+    recipe = _recipe(tmp_path, trainer={"steps": 2, "checkpoint_every": 1})
+    out = tmp_path / "run"
+    first = invoke_cli("train", str(recipe), "--out", str(out), "--set", "trainer.steps=1")
+    assert first.returncode == 0, first.stderr[-3000:]
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300 * 1024, resource.RLIM_INFINITY))
+
+    root = out / "checkpoints"
+    command = [sys.executable, "-m", "gspo_cli.cli", "train", str(recipe), "--out", str(out)]
+    result = subprocess.run(
+        [*command, "--resume"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        preexec_fn=limited,
+        timeout=300,
+    )
+    one_error_line(
+        result,
+        f"cannot write in {root}: a file reached the file size limit (ulimit -f)",
+        "checkpoint step_000002 not saved",
+    )
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000001"]
+    again = invoke_cli("train", str(recipe), "--out", str(out), "--resume")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (root / "latest").read_text().strip() == "step_000002"
 
 
 def test_a_full_disk_while_saving_the_cold_start(
