@@ -11,7 +11,7 @@ None. Never a silent 0. In group mode a group is a run of consecutive completion
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -29,13 +29,21 @@ from gspo_cli.rewards.judges.cache import JudgeCache, cache_key, open_cache
 from gspo_cli.rewards.judges.spec import ParseFailure, ScoreReader, render
 from gspo_cli.rewards.reward_model import prompt_text
 
-PARSE_FAILURES, ERRORS, CALLS, CACHED = (
+PARSE_FAILURES, ERRORS, CALLS, CACHED, SCORED = (
     "judge/parse_failures",
     "judge/errors",
     "judge/calls",
     "judge/cache_hits",
+    "judge/scored",  # completions a model judge scored: what parse failures are a share of
 )
 Failure = Literal["skip"] | float
+
+
+def parse_failure_share(metrics: Mapping[str, float]) -> float | None:
+    """The share of a step's judged completions whose judge reply did not parse; None when no
+    model judge scored any."""
+    scored = metrics.get(SCORED, 0.0)
+    return metrics.get(PARSE_FAILURES, 0.0) / scored if scored else None
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,7 @@ class Judge:
         """One score per completion, in [0, 1] or by the failure rules."""
         if self.model.startswith(BUILTIN_PREFIX):
             return self._builtin(completions, answers, context)
+        context.count(SCORED, len(completions))
         groups = _groups(prompts) if self.mode == "group" else [[i] for i in range(len(prompts))]
         cache = _cache(context)
         questions = [(prompts[g[0]], [completions[i] for i in g]) for g in groups]

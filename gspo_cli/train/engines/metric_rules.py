@@ -25,6 +25,7 @@ SUMMED = frozenset(
         "judge/errors",
         "judge/calls",
         "judge/cache_hits",
+        "judge/scored",
     }
 )
 # Per-token averages weigh each part by its response tokens.

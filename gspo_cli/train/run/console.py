@@ -9,6 +9,7 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from gspo_cli.rewards.judges.reward import parse_failure_share
 from gspo_cli.runs.folder import EVALS, read_jsonl
 
 LIVE_KEYS = (
@@ -25,6 +26,9 @@ def live_line(metrics: dict[str, float]) -> str:
     parts = [
         f"{label} {fmt.format(metrics[key])}" for key, label, fmt in LIVE_KEYS if key in metrics
     ]
+    unparsed = parse_failure_share(metrics)
+    if unparsed:  # those rewards are on_parse_failure's, not the judge's: never a silent zero
+        parts.insert(1, f"judge unparsed {unparsed:.0%}")
     return "  ".join(parts)
 
 

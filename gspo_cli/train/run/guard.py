@@ -23,12 +23,14 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gspo_cli.rewards.judges.reward import parse_failure_share
 from gspo_cli.runs.collapse import CRASH_POINTS, CollapseDetector, CollapseEvent
 from gspo_cli.runs.folder import RECIPE
 from gspo_cli.train.run.signals import resume_command
 
 FIRST_RATIO_TOLERANCE = 1e-5  # max |log ratio| float noise allowed between identical forwards
-ZERO_SIGNAL_STEPS = 3  # steps in a row with no learning signal before saying so
+ZERO_SIGNAL_STEPS = 3  # steps in a row with no learning signal (or judge) before saying so
+JUDGE_UNPARSED_SHARE = 0.5  # a judge whose replies mostly do not parse scores nothing itself
 # What the advice compares: each metric's median over the first EARLY_POINTS steps (since the
 # start or a rollback) against the step that stopped the run.
 EARLY_POINTS = 3
@@ -65,6 +67,7 @@ class Guard:
     bad_streak: int = 0
     rollbacks: int = 0
     zero_signal_streak: int = 0
+    judge_unparsed_streak: int = 0
     recomputing_pi_old: bool = False  # `auto` last fell back from the engine's log-probs
     said: set[str] = field(default_factory=set)
     entropy_coef: float = 0.0  # algorithm.entropy_coef and kl_coef: causes the advice may name
@@ -84,6 +87,7 @@ class Guard:
                 f"before any update (max |log ratio| {gap:.2e}); likely causes: sampling "
                 "processors, dropout, batch-variant kernels, or an engine mismatch"
             )
+        lines += self._judge_notice(step, metrics)
         no_signal = metrics.get("zero_adv_group_frac", 0.0) >= 1.0
         self.zero_signal_streak = self.zero_signal_streak + 1 if no_signal else 0
         if self.zero_signal_streak == ZERO_SIGNAL_STEPS:
@@ -93,6 +97,21 @@ class Guard:
                 "the task difficulty or rollout.group_size"
             )
         return lines
+
+    def _judge_notice(self, step: int, metrics: dict[str, float]) -> list[str]:
+        """Once: most of the judge's replies did not parse for several steps in a row."""
+        share = parse_failure_share(metrics)
+        unparsed = share is not None and share > JUDGE_UNPARSED_SHARE
+        self.judge_unparsed_streak = self.judge_unparsed_streak + 1 if unparsed else 0
+        if self.judge_unparsed_streak != ZERO_SIGNAL_STEPS or "judge" in self.said:
+            return []
+        self.said.add("judge")
+        return [
+            f"warning: steps {step - ZERO_SIGNAL_STEPS + 1}-{step}: more than "
+            f"{JUDGE_UNPARSED_SHARE:.0%} of the judge's replies did not parse ({share:.0%} at "
+            f"step {step}), so those rewards are on_parse_failure's, not the judge's; check "
+            "the judge's parse rule and template against its replies (docs/judges.md)"
+        ]
 
     def _engine_logprob_notices(self, step: int, metrics: dict[str, float]) -> list[str]:
         """pi_old from the engine: the first ratio shows the engine-vs-trainer gap (said once);

@@ -131,7 +131,32 @@ def test_garbage_is_counted_and_scored_by_the_declared_rule(server: str) -> None
     assert judge(context, model=f"{server}/garbage/v1", on_parse_failure=0.25) == [0.25] * 4
     group = judge(context, model=f"{server}/ok/v1", mode="group", parse="json:scores")
     assert group == [None] * 4  # `Score: 9` holds no JSON
-    assert context.drain()["judge/parse_failures"] == 8
+    counts = context.drain()
+    assert counts["judge/parse_failures"] == 8 and counts["judge/scored"] == 8
+
+
+def test_a_judge_that_never_parses_is_said_on_the_step_line_and_warned_of(server: str) -> None:
+    """Never a silent zero: the unparsed share on the step line, and a warning (once) after
+    steps in a row where most replies did not parse."""
+    from gspo_cli.train.run.console import live_line
+    from gspo_cli.train.run.guard import Guard
+
+    context = RewardContext(device="cpu")
+    judge(context, model=f"{server}/garbage/v1", on_parse_failure=0.0)
+    judge(context, model=f"{server}/ok/v1", completions=COMPLETIONS[:2])
+    step = {"reward_mean": 0.1, **context.drain()}
+    assert live_line(step) == "reward 0.100  judge unparsed 67%"
+    guard = Guard(3, "stop", 0)
+    lines = [guard.notices(n, step) for n in range(1, 6)]
+    assert lines[:2] == [[], []] and lines[3:] == [[], []]
+    assert lines[2] == [
+        "warning: steps 1-3: more than 50% of the judge's replies did not parse (67% at step 3), "
+        "so those rewards are on_parse_failure's, not the judge's; check the judge's parse "
+        "rule and template against its replies (docs/judges.md)"
+    ]
+    healthy = {"reward_mean": 0.5, "judge/parse_failures": 0.0, "judge/scored": 4.0}
+    assert live_line(healthy) == "reward 0.500"
+    assert all(Guard(3, "stop", 0).notices(n, healthy) == [] for n in range(1, 6))
 
 
 def test_a_hanging_server_times_out_and_is_counted(server: str) -> None:
@@ -291,5 +316,11 @@ def test_a_two_step_run_logs_both_judges(tmp_path: Path) -> None:
 def test_judge_counts_add_up_over_ranks() -> None:
     from gspo_cli.train.engines.metric_rules import combine
 
-    for key in ("judge/parse_failures", "judge/errors", "judge/calls", "judge/cache_hits"):
+    for key in (
+        "judge/parse_failures",
+        "judge/errors",
+        "judge/calls",
+        "judge/cache_hits",
+        "judge/scored",
+    ):
         assert combine(key, [1.0, 2.0], [10.0, 10.0]) == 3.0
