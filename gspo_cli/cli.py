@@ -105,6 +105,10 @@ def train(
         from gspo_cli.train.run.resume import check_resumed_base
 
         check_resumed_base(resolved, run_dir)  # before the target check converts the file
+    if resume and resolved.algorithm.distill is not None:
+        from gspo_cli.train.run.teacher import check_resumed_teacher
+
+        check_resumed_teacher(resolved, run_dir)
     _check_lora(recipe, resolved, hub=True)
     if hostfile is not None:  # before the run folder is made: a bad one leaves nothing behind
         from gspo_cli.train.engines.multinode import read_hostfile

@@ -73,17 +73,22 @@ def file_digest(path: Path) -> str:
     return _digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
 
 
-def folder_digest(folder: Path) -> str:
-    """The SHA-256 of a model folder's weights and config (`*.safetensors`, `*.bin`,
-    config.json), by name in sorted order, each file's own digest cached as `file_digest`'s."""
+def file_digests(folder: Path) -> dict[str, str]:
+    """The SHA-256 of each weights and config file of a model folder (`*.safetensors`, `*.bin`,
+    config.json) by name, in sorted order, each cached as `file_digest`'s."""
     files = sorted(
         f
         for f in folder.iterdir()
         if f.is_file() and (f.suffix in DIGESTED_SUFFIXES or f.name in DIGESTED_NAMES)
     )
+    return {file.name: file_digest(file) for file in files}
+
+
+def folder_digest(folder: Path) -> str:
+    """The SHA-256 of a model folder's weights and config: one over `file_digests`."""
     digest = hashlib.sha256()
-    for file in files:
-        digest.update(f"{file.name}\0{file_digest(file)}\n".encode())
+    for name, file_sha256 in file_digests(folder).items():
+        digest.update(f"{name}\0{file_sha256}\n".encode())
     return digest.hexdigest()
 
 

@@ -21,6 +21,7 @@ from gspo_cli.models.gguf import (
     GGUF_SUFFIX,
     PRETRAINED_BUILTINS,
     file_digest,
+    file_digests,
     folder_digest,
     hf_folder_of,
     wheel_gguf,
@@ -157,10 +158,23 @@ def base_digest(path: str) -> str | None:
     file = gguf_file(path)
     if file is not None:
         return file_digest(file) if file.is_file() else None
+    local = _local_folder(path)
+    return None if local is None else folder_digest(local)
+
+
+def model_file_digests(path: str) -> dict[str, str] | None:
+    """`base_digest` file by file: the SHA-256 of each file that makes the model `path` names
+    (a GGUF file, or a local folder's weights and config) by file name; None as there."""
+    file = gguf_file(path)
+    if file is not None:
+        return {file.name: file_digest(file)} if file.is_file() else None
+    local = _local_folder(path)
+    return None if local is None else file_digests(local)
+
+
+def _local_folder(path: str) -> Path | None:
     local = Path(path).expanduser()
-    if path.startswith(BUILTIN_MODEL_PREFIX) or not local.is_dir():
-        return None
-    return folder_digest(local)
+    return None if path.startswith(BUILTIN_MODEL_PREFIX) or not local.is_dir() else local
 
 
 def check_base_digest(folder: Path, base: str) -> None:

@@ -77,6 +77,7 @@ HF_CONFIG = "config.json"  # what marks a folder as an HF checkpoint
 ADAPTER_CONFIG = "adapter_config.json"  # what marks a folder as peft adapters (LoRA)
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's adapter weights, beside ADAPTER_CONFIG
 GGUF_BASE = "gguf_base.json"  # beside ADAPTER_CONFIG: a GGUF or folder base's path and SHA-256
+TEACHER_FILES = "teacher.json"  # a distillation teacher's path and its files' SHA-256, at the start
 LORA_BASE = "lora_base"  # a LoRA run's saved built-in base model (no cold start)
 WANDB_ID = "wandb_run_id"
 

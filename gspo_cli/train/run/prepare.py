@@ -29,7 +29,13 @@ from gspo_cli.rewards.context import RewardContext
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout.base import EngineSpec, RolloutEngine
 from gspo_cli.rollout.engines import base_rollout_engine
-from gspo_cli.runs.folder import CHECKPOINTS, COLD_START, judge_cache_file, step_folder
+from gspo_cli.runs.folder import (
+    CHECKPOINTS,
+    COLD_START,
+    TEACHER_FILES,
+    judge_cache_file,
+    step_folder,
+)
 from gspo_cli.train.async_rollouts.trainer import AsyncRollouts
 from gspo_cli.train.engines.adapters import (
     base_name,
@@ -59,7 +65,7 @@ from gspo_cli.train.run.resume import resume_changes, resume_from_checkpoint
 from gspo_cli.train.run.signals import StopRequest
 from gspo_cli.train.run.state import RunState
 from gspo_cli.train.run.step_settings import step_settings
-from gspo_cli.train.run.teacher import check_teacher, load_teacher
+from gspo_cli.train.run.teacher import check_teacher, load_teacher, record_teacher
 from gspo_cli.train.step.distill import Teacher
 from gspo_cli.train.step.environments import (
     StepEnvironment,
@@ -166,7 +172,7 @@ def prepare_run(
     # a GGUF (or a LoRA checkpoint's GGUF base) is converted or refused before the run folder
     convert_first(recipe.model.path, what="model.path")
     check_teacher(recipe)  # a teacher with other token ids: refused before the run folder
-    changes = _open_run_dir(run_dir, resume, recipe_yaml, ctx)
+    changes = _open_run_dir(run_dir, resume, recipe, recipe_yaml, ctx)
     console.print(f"run folder: {run_dir}", highlight=False)  # first, so a user can look in
     for line in changes:
         console.print(line, highlight=False, soft_wrap=True)
@@ -275,12 +281,16 @@ def _local_rollout_engine(recipe: Recipe, synced: bool) -> str:
     return local
 
 
-def _open_run_dir(run_dir: Path, resume: bool, recipe_yaml: str, ctx: DistContext) -> list[str]:
+def _open_run_dir(
+    run_dir: Path, resume: bool, recipe: Recipe, recipe_yaml: str, ctx: DistContext
+) -> list[str]:
     """Make the run folder ready; on resume, the lines that say which settings changed."""
     changes: list[str] = []
     if ctx.is_main:
         changes = resume_changes(run_dir, recipe_yaml) if resume else []
         prepare_run_dir(run_dir, resume, recipe_yaml)  # refuses what may not change
+        if not (resume and (run_dir / TEACHER_FILES).is_file()):
+            record_teacher(recipe, run_dir)  # what a resume checks the teacher's files against
     ctx.barrier()
     return changes
 

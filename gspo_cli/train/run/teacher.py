@@ -2,19 +2,25 @@
 student's before anything is written, then loaded once, frozen, on every rank.
 
 The teacher never changes, so a checkpoint stores nothing for it: a resume rebuilds it from
-`algorithm.distill.teacher`, which a resume may not change (train/run/resume.py).
+`algorithm.distill.teacher`, which a resume may not change (train/run/resume.py). Nor may its
+files: a local teacher's are digested when the run starts (TEACHER_FILES in the run folder), and
+a resume with other weights is refused, naming the file, as a LoRA base's is.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 from rich.console import Console
 
 from gspo_cli.core.errors import GspoError
 from gspo_cli.models import load_policy
-from gspo_cli.models.loading import convert_first
+from gspo_cli.models.loading import convert_first, model_file_digests
 from gspo_cli.models.vocab import load_tokenizer, vocab_problem
 from gspo_cli.recipe.schema import Recipe
+from gspo_cli.runs.folder import TEACHER_FILES, write_text_atomic
 from gspo_cli.train.engines.torch_engine import FrozenPolicy
 from gspo_cli.train.step.distill import Teacher
 
@@ -67,3 +73,42 @@ def load_teacher(recipe: Recipe, device: torch.device, console: Console) -> Teac
         soft_wrap=True,
     )
     return Teacher(FrozenPolicy(model, recipe.trainer.share_prompts), memory_mb)
+
+
+def record_teacher(recipe: Recipe, run_dir: Path) -> None:
+    """At a run's start: the teacher's path and the SHA-256 of each of its files (a GGUF, or a
+    local folder's weights and config); nothing for a hub id or a built-in."""
+    distill = recipe.algorithm.distill
+    digests = None if distill is None else model_file_digests(distill.teacher)
+    if distill is not None and digests is not None:
+        record = {"teacher": distill.teacher, "sha256": digests}
+        write_text_atomic(run_dir / TEACHER_FILES, json.dumps(record, indent=1) + "\n")
+
+
+def check_resumed_teacher(recipe: Recipe, run_dir: Path) -> None:
+    """On --resume: the teacher's files are those the run started with; one GspoError line
+    naming the first that changed, appeared or went. A teacher path that changed is
+    check_resumable's to refuse."""
+    distill, file = recipe.algorithm.distill, run_dir / TEACHER_FILES
+    if distill is None or not file.is_file():
+        return
+    try:
+        record = json.loads(file.read_text(encoding="utf-8"))
+        started, recorded = record["teacher"], dict(record["sha256"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise GspoError(f"cannot read {file}: {exc}") from None
+    if started != distill.teacher:
+        return
+    now = model_file_digests(distill.teacher) or {}
+    for name in sorted(recorded.keys() | now.keys()):
+        was, is_now = recorded.get(name), now.get(name)
+        if was != is_now:
+            what = (
+                f"SHA-256 was {was[:12]}, it is {is_now[:12]} now"
+                if was and is_now
+                else ("it is gone" if was else "it was not there")
+            )
+            raise GspoError(
+                f"--resume: the teacher's {name} in {distill.teacher} has changed since the run "
+                f"started ({what}; {file}): put the original back, or start a new run"
+            )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import invoke_cli
+from tests.support.helpers import invoke_cli, one_error_line
 
 DISTILL = {
     "algorithm": {
@@ -58,3 +58,36 @@ def test_distillation_logs_and_resumes_exactly(tiny_recipe, tmp_path: Path) -> N
     )  # fmt: skip
     assert result.returncode == 2
     assert "algorithm.distill.seed" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_resume_with_the_teachers_weights_replaced_is_refused_naming_the_file(
+    tiny_recipe,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """A local teacher's files are digested when the run starts: replacing its weights under a
+    run and resuming would silently distil towards another model."""
+    from gspo_cli.models import load_policy
+
+    teacher = tmp_path / "teacher"
+    for seed in (7, 8):  # the second save is the replacement, kept aside
+        model, tokenizer = load_policy("builtin:tiny-dense", seed=seed)
+        model.save_pretrained(teacher if seed == 7 else tmp_path / "other")
+    tokenizer.save_pretrained(teacher)
+    local = {**DISTILL, "algorithm": {"name": "gspo_token", "distill": {"teacher": str(teacher)}}}
+    run = tmp_path / "run"
+    first = tiny_recipe(**local, trainer={"steps": 1, "checkpoint_every": 1})
+    assert invoke_cli("train", str(first), "--out", str(run)).returncode == 0
+    assert json.loads((run / "teacher.json").read_text())["teacher"] == str(teacher)
+    original = (teacher / "model.safetensors").read_bytes()
+    (teacher / "model.safetensors").write_bytes(
+        (tmp_path / "other" / "model.safetensors").read_bytes()
+    )
+    recipe = tiny_recipe(**local, trainer={"steps": 2, "checkpoint_every": 1})
+    result = invoke_cli("train", str(recipe), "--out", str(run), "--resume")
+    line = one_error_line(result, f"the teacher's model.safetensors in {teacher} has changed")
+    assert "put the original back, or start a new run" in line
+    assert sorted(_metrics(run)) == [1]  # nothing of step 2 was run
+    (teacher / "model.safetensors").write_bytes(original)
+    again = invoke_cli("train", str(recipe), "--out", str(run), "--resume")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert sorted(_metrics(run)) == [1, 2]
