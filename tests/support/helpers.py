@@ -68,6 +68,26 @@ def invoke_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.CompletedProcess(["gspo", *args], code, out.getvalue(), err.getvalue())
 
 
+def gspo_train(recipe: Path | str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`gspo train RECIPE ARGS` in this process on one torch thread (`invoke_cli`) when it is
+    one process of the plain-torch engine, else in a subprocess (`run_cli`): a subprocess costs
+    ~6 CPU s of imports, and only a DeepSpeed run needs one (its process group and launcher
+    variables would outlive the run here). For runs whose process boundary is not under test,
+    and whose records are not compared bit for bit with a subprocess's."""
+    import torch
+
+    engine = (yaml.safe_load(Path(recipe).read_text()) or {}).get("trainer", {}).get("engine")
+    launched = {"--nproc", "--hostfile"} & set(args) or any("trainer.engine=" in a for a in args)
+    if launched or engine not in (None, "torch"):
+        return run_cli("train", str(recipe), *args, threads=1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a subprocess of `make test` has, and each rank of --nproc
+    try:
+        return invoke_cli("train", str(recipe), *args)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def interruptible() -> None:
     """`preexec_fn` for a child a test sends Ctrl-C: a shell starts background jobs (and CI
     may start its runner) with SIGINT ignored, which a child would inherit and keep."""
@@ -200,7 +220,7 @@ class TrainedRuns:
 
         def train(out: Path) -> None:
             # one torch thread, as the ranks of --nproc have (launch.py): the same kernels
-            result = run_cli("train", str(self.recipe), "--out", str(out), *options, threads=1)
+            result = gspo_train(self.recipe, "--out", str(out), *options)
             assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
 
         return shared_once(self.root, f"run-{key}", train)

@@ -1,6 +1,6 @@
 """A short quickstart with `rollout.engine: vllm` learns (held-out accuracy rises).
 
-On the quickstart's round-3 task (half the cold start unboxed, no slips), where 30 steps move
+On the quickstart's round-3 task (half the cold start unboxed, no slips), where 20 steps move
 held-out accuracy far beyond the evaluation's noise: what is tested is that vLLM rollouts
 train, not what the task teaches. Both runs start from one cold start (`gspo sft`, once)."""
 
@@ -45,9 +45,9 @@ def test_a_short_quickstart_with_vllm_rollouts_learns(
         *FORM_TASK,
         *cold_started,
         "--set",
-        "trainer.steps=30",
+        "trainer.steps=20",
         "--set",
-        "eval.every=30",
+        "eval.every=20",
         "--set",
         "eval.num_problems=100",
         "--set",
@@ -55,8 +55,8 @@ def test_a_short_quickstart_with_vllm_rollouts_learns(
     )
     assert result.returncode == 0, result.stderr[-3000:]
     heldout = json.loads((out / "summary.json").read_text())["heldout_accuracy"]
-    before, after = heldout["0"], heldout["30"]
-    assert after >= before + 0.05, heldout  # measured here: 27.0% -> 44.5%
+    before, after = heldout["0"], heldout["20"]
+    assert after >= before + 0.05, heldout  # measured here: 27.0% -> 39.75% (30 steps: 44.5%)
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["mismatch_token_abs_mean"] < 1e-4  # fp32 engine and trainer agree
 
@@ -75,15 +75,15 @@ def test_a_short_quickstart_with_async_vllm_rollouts_learns(
         *("--set", "rollout.max_staleness=1"),
         *FORM_TASK,
         *cold_started,
-        *("--set", "trainer.steps=30"),
-        *("--set", "eval.every=30"),
+        *("--set", "trainer.steps=20"),
+        *("--set", "eval.every=20"),
         *("--set", "eval.num_problems=100"),
         *("--set", "logging.console=plain"),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     heldout = json.loads((out / "summary.json").read_text())["heldout_accuracy"]
-    assert heldout["30"] >= heldout["0"] + 0.05, heldout
+    assert heldout["20"] >= heldout["0"] + 0.05, heldout  # measured here: 25.0% -> 42.5%
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [m["rollout_staleness"] for m in metrics] == [0] + [1] * 29
+    assert [m["rollout_staleness"] for m in metrics] == [0] + [1] * 19
     # step 1 trains the policy that sampled it: its first ratio is the engine-trainer gap alone
     assert metrics[0]["first_ratio_gap_max"] < 1e-4

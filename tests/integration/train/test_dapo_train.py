@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import run_cli
+from tests.support.helpers import gspo_train, run_cli
 
 DAPO = {
     "rollout": {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3},
@@ -25,7 +25,7 @@ def _metrics(run: Path) -> dict[int, dict[str, float]]:
 
 
 def _train(recipe: Path, out: Path, *extra: str) -> str:
-    result = run_cli("train", str(recipe), "--out", str(out), *extra)
+    result = gspo_train(recipe, "--out", str(out), *extra)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     return result.stdout
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import invoke_cli, kill_during_run, run_cli, write_recipe
+from tests.support.helpers import gspo_train, invoke_cli, kill_during_run, run_cli, write_recipe
 
 pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def ds_recipe(sft_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 def _train(recipe: Path, out: Path, *extra: str) -> Path:
-    result = run_cli("train", str(recipe), "--out", str(out), *extra)
+    result = gspo_train(recipe, "--out", str(out), *extra)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     return out
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.helpers import run_cli, run_metrics
+from tests.support.helpers import gspo_train, run_metrics
 
 pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ def _recipe(tiny_recipe: Any, **over: Any) -> Path:  # type: ignore[no-untyped-d
 
 
 def _train(recipe: Path, out: Path, *extra: str) -> dict[int, dict[str, Any]]:
-    result = run_cli("train", str(recipe), "--out", str(out), *extra)
+    result = gspo_train(recipe, "--out", str(out), *extra)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     return run_metrics(out)
 

@@ -14,6 +14,7 @@ import pytest
 from gspo_cli.recipe import deep_merge
 from tests.support.helpers import (
     cold_start,
+    gspo_train,
     invoke_cli,
     one_error_line,
     run_cli,
@@ -116,7 +117,7 @@ def test_two_deepspeed_processes_train_the_tool_run_one_does(
         algorithm={"minibatches": 2},
         rollout={"seed_per_prompt": True, "dynamic_sampling": True},
     )
-    one = run_cli("train", str(recipe), "--out", str(tmp_path / "one"))
+    one = gspo_train(recipe, "--out", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr[-2000:]
     two = ("--set", "trainer.engine=deepspeed", "--set", "deepspeed.zero_stage=2", "--nproc", "2")
     result = run_cli("train", str(recipe), "--out", str(tmp_path / "two"), *two)
