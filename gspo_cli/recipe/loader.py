@@ -126,16 +126,7 @@ def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
         for key in ("source", "eval_source"):
             if isinstance(own, dict) and isinstance(own.get(key), str):
                 own[key] = resolve_path(own[key], folder)
-    reward = data.get("reward") if isinstance(data.get("reward"), dict) else {}
-    function_lists = [reward.get("functions")] + [
-        entry.get("reward") for entry in data.get("environments") or [] if isinstance(entry, dict)
-    ]
-    for functions in function_lists:
-        for function in functions if isinstance(functions, list) else []:
-            if isinstance(function, dict) and function.get("name") in MODEL_OPTION_REWARDS:
-                _resolve_model_option(function.get("options"), folder)
-    if isinstance(reward.get("heldout_judge"), dict):
-        _resolve_model_option(reward["heldout_judge"].get("options"), folder)
+    _resolve_reward_models(data, folder)
     algorithm = data.get("algorithm")  # the distillation teacher: a model path one level down
     distill = algorithm.get("distill") if isinstance(algorithm, dict) else None
     if isinstance(distill, dict) and isinstance(distill.get("teacher"), str):
@@ -145,6 +136,23 @@ def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 # Rewards whose `model` option may name a checkpoint folder (the judge's may also be a URL).
 MODEL_OPTION_REWARDS = ("reward_model", "judge")
+
+
+def _resolve_reward_models(data: dict[str, Any], folder: Path) -> None:
+    """The `model` option of each reward in MODEL_OPTION_REWARDS (the recipe's and each
+    environment's) and of the held-out judge, made absolute against `folder`."""
+    found = data.get("reward")
+    reward: dict[str, Any] = found if isinstance(found, dict) else {}
+    function_lists = [reward.get("functions")] + [
+        entry.get("reward") for entry in data.get("environments") or [] if isinstance(entry, dict)
+    ]
+    for functions in function_lists:
+        for function in functions if isinstance(functions, list) else []:
+            if isinstance(function, dict) and function.get("name") in MODEL_OPTION_REWARDS:
+                _resolve_model_option(function.get("options"), folder)
+    heldout_judge = reward.get("heldout_judge")
+    if isinstance(heldout_judge, dict):
+        _resolve_model_option(heldout_judge.get("options"), folder)
 
 
 def _resolve_model_option(options: object, folder: Path) -> None:
