@@ -468,6 +468,23 @@ def alive(pids: list[int]) -> list[int]:
     return alive
 
 
+def marked(marker: str) -> list[int]:
+    """Live processes whose argv holds `marker` (from /proc, as `pgrep -f` would): a `sleep`
+    a user's code started with a number unique to its test."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # it ended while we looked
+        if marker.encode() in argv and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
 def wait_gone(pids: list[int], timeout: float = 60) -> list[int]:
     """The pids still alive once all have ended or `timeout` passed (not a timing assert)."""
     deadline = time.monotonic() + timeout

@@ -8,6 +8,7 @@ an environment's tokens are tokenised once, when they are appended, and marked a
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gspo_cli.rollout.tool_settings import Side, ToolSettings
 
 __all__ = ["Side", "ToolCall", "ToolFormat", "ToolResult", "ToolSettings", "Toolbox"]
-__all__ += ["cut_output", "defuse", "special_strings"]
+__all__ += ["cap_text", "cut_output", "defuse", "result_text", "special_strings"]
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -75,20 +76,47 @@ class Toolbox(Protocol):
     def close(self) -> None: ...
 
 
+# A user tool's text is cut to max_tokens x this many characters before it is tokenised: more
+# than the tokens shown need (BPE tokens average ~4 characters; whitespace runs are the longest).
+MAX_CHARS_PER_TOKEN = 32
+
+
+def result_text(value: Any) -> str:
+    """What the model is shown of a return value: JSON for dicts and lists, str() otherwise."""
+    if isinstance(value, dict | list):
+        try:
+            return json.dumps(value, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):  # circular, or keys JSON cannot hold
+            return str(value)
+    return str(value)
+
+
+def cap_text(text: str, max_chars: int, side: Side) -> tuple[str, int]:
+    """`text` cut to `max_chars` characters (its head or its tail), and how many were cut: a
+    huge result is cut before it is tokenised."""
+    if len(text) <= max_chars:
+        return text, 0
+    kept = text[:max_chars] if side == "head" else text[len(text) - max_chars :]
+    return kept, len(text) - max_chars
+
+
 def cut_output(
-    text: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int, side: Side
+    text: str, tokenizer: PreTrainedTokenizerBase, max_tokens: int, side: Side, dropped: int = 0
 ) -> tuple[str, bool]:
     """`text` cut to `max_tokens` tokens (its head or its tail) with a marker saying so, and
     whether it was cut. The cut text is tokenised again inside its block: that is the one time
-    the environment's tokens are made."""
+    the environment's tokens are made. `dropped`: characters already cut from `text` on that
+    side (cap_text); the marker then counts characters."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) <= max_tokens:
+    if len(ids) <= max_tokens and not dropped:
         return text, False
     kept = ids[:max_tokens] if side == "head" else ids[-max_tokens:]
     body = tokenizer.decode(kept, skip_special_tokens=True)
-    dropped = len(ids) - max_tokens
-    return (f"{body}\n[... {dropped} tokens cut]" if side == "head" else
-            f"[{dropped} tokens cut ...]\n{body}"), True  # fmt: skip
+    cut = f"{len(ids) - max_tokens} tokens"
+    if dropped:
+        cut = f"{dropped + max(0, len(text) - len(body))} characters"
+    return (f"{body}\n[... {cut} cut]" if side == "head" else
+            f"[{cut} cut ...]\n{body}"), True  # fmt: skip
 
 
 def special_strings(tokenizer: PreTrainedTokenizerBase) -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import pickle
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -84,6 +85,18 @@ def schema_of(fn: Callable[..., Any], section: str, path: str) -> dict[str, Any]
         ) from None
 
 
+def _reachable(obj: Any, section: str, path: str) -> None:
+    """GspoError unless `obj` pickles by reference (its module and name): that is how the
+    tools reach their worker process (tools/fork_server.py)."""
+    try:
+        pickle.dumps(obj)
+    except Exception as exc:  # PicklingError, or an AttributeError naming a local object
+        raise GspoError(
+            f"{section}: {path!r} cannot reach the tools' process by its name "
+            f"({first_line(exc)}); define it with def or class at a module's top level"
+        ) from None
+
+
 def load_functions(
     paths: tuple[str, ...], *, interpreter: bool = False
 ) -> dict[str, Callable[..., Any]]:
@@ -97,6 +110,7 @@ def load_functions(
         if not callable(fn) or inspect.isclass(fn):
             raise GspoError(f"{FUNCTIONS}: {path!r} is not a function")
         schema_of(fn, FUNCTIONS, path)
+        _reachable(fn, FUNCTIONS, path)
         name = fn.__name__
         if name == PYTHON and interpreter:
             raise GspoError(
@@ -146,6 +160,7 @@ def load_environment(path: str) -> type:
         raise GspoError(f"{ENVIRONMENT}: {path!r} has no public method to offer as a tool")
     for name, fn in tools.items():
         schema_of(fn, ENVIRONMENT, f"{path}.{name}")
+    _reachable(cls, ENVIRONMENT, path)
     return cls
 
 

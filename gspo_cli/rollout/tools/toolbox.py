@@ -1,71 +1,33 @@
 """The tools of one trajectory (`FunctionToolbox`): users' functions, one instance of the
 environment class (made, and reset with the dataset row, at its first use) and the interpreter,
-each call under the tools' deadline.
+each call under the tools' deadline. Functions and the environment run in the trajectory's own
+worker process (tools/worker.py), which a call running past its deadline, or exiting, takes
+down: the model is told, and every later call of the trajectory is refused (its state is gone).
 
-A tool failing at run time (a bad call, an exception, a hung call) is answered to the model as
-an error result, never raised. The environment's own life (`__init__`, `reset`, `get_reward`)
-failing is the user's bug and stops the run with one line.
+A tool failing at run time (a bad call, an exception, a hung call, an exit) is answered to the
+model as an error result, never raised. The environment's own life (`__init__`, `reset`,
+`get_reward`) failing is the user's bug and stops the run with one line.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import math
-import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gspo_cli.core.errors import GspoError
 from gspo_cli.rollout.tool_settings import ToolSettings
-from gspo_cli.rollout.tools.base import ToolCall, ToolResult, cut_output
-from gspo_cli.rollout.tools.functions import ENVIRONMENT, environment_tools, first_line
+from gspo_cli.rollout.tools.base import MAX_CHARS_PER_TOKEN, ToolCall, ToolResult, cut_output
+from gspo_cli.rollout.tools.functions import ENVIRONMENT, environment_tools
 from gspo_cli.rollout.tools.interpreter import PYTHON
+from gspo_cli.rollout.tools.worker import Op, Reply, ToolProcessGone, ToolSetup, ToolWorker
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from gspo_cli.rollout.tools.interpreter import PythonInterpreter
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    done: bool  # False: still running at the deadline
-    value: Any = None
-    error: BaseException | None = None
-
-
-def _call_with_deadline(fn: Callable[[], Any], timeout_s: float, name: str) -> _Outcome:
-    """`fn()` in a worker thread, waited for up to `timeout_s`."""
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # all of it goes back to the caller, SystemExit included
-            box["error"] = exc
-
-    # A daemon thread: Python cannot stop a thread, so a call that never returns is left
-    # running; as a daemon it does not hold the process open at exit, and the toolbox that
-    # started it refuses every later call (it may hold the environment's state or locks).
-    thread = threading.Thread(target=work, name=f"gspo-tool-{name}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        return _Outcome(done=False)
-    return _Outcome(done=True, value=box.get("value"), error=box.get("error"))
-
-
-def result_text(value: Any) -> str:
-    """What the model is shown of a return value: JSON for dicts and lists, str() otherwise."""
-    if isinstance(value, dict | list):
-        try:
-            return json.dumps(value, ensure_ascii=False, default=str)
-        except (TypeError, ValueError):  # circular, or keys JSON cannot hold
-            return str(value)
-    return str(value)
 
 
 def _accepted(fn: Callable[..., Any], row: Mapping[str, Any]) -> dict[str, Any]:
@@ -87,6 +49,15 @@ def _refusal(text: str, seconds: float = 0.0) -> ToolResult:
     return ToolResult(text, True, seconds)
 
 
+def _gone(what: str, gone: ToolProcessGone, timeout_s: float) -> str:
+    """Why a call's worker is gone, as one line: "TimeoutError: tool f ran past 5 s"."""
+    if gone.timed_out:
+        return f"TimeoutError: {what} ran past {timeout_s:g} s"
+    code = gone.exit_code
+    how = f"exit code {code}" if code is not None and code >= 0 else f"signal {-(code or 0)}"
+    return f"ProcessExit: {what} ended its process ({how})"
+
+
 class FunctionToolbox:
     """The tools of one trajectory: plain functions, one environment instance (made, and
     reset, at its first use) and the interpreter for calls named "python"."""
@@ -105,12 +76,18 @@ class FunctionToolbox:
         self.environment_class = environment_class
         self.interpreter = interpreter
         self.row = dict(row or {})  # reset(**row): the dataset row's fields, as in TRL
-        self.environment: Any = None
         self.functions = dict(functions)
-        self.methods = (
-            () if environment_class is None else tuple(environment_tools(environment_class))
+        self.methods = {} if environment_class is None else environment_tools(environment_class)
+        self.worker = ToolWorker(
+            ToolSetup(
+                self.functions,
+                environment_class,
+                settings.output_max_tokens * MAX_CHARS_PER_TOKEN,
+                settings.output_truncation,
+            )
         )
-        self.broken: str | None = None  # why every later call is refused (a hung call)
+        self.environment_made = False
+        self.broken: str | None = None  # why every later call is refused (its worker is gone)
 
     @property
     def names(self) -> list[str]:
@@ -131,81 +108,73 @@ class FunctionToolbox:
                 return _refusal("python takes one argument: code (a string)")
             return self.interpreter.run_code(code)
         if call.name in self.methods:
-            self._ensure_environment()
-            fn = getattr(self.environment, call.name)
+            signature = inspect.signature(self.methods[call.name])
+            bound_args: tuple[Any, ...] = (None,)  # `self`: the methods are unbound here
         elif call.name in self.functions:
-            fn = self.functions[call.name]
+            signature, bound_args = inspect.signature(self.functions[call.name]), ()
         else:
             known = ", ".join(self.names) or "none"
             return _refusal(f"unknown tool {call.name!r}; the tools are: {known}")
         try:
-            inspect.signature(fn).bind(**call.arguments)
+            signature.bind(*bound_args, **call.arguments)
         except TypeError as exc:
             return _refusal(f"bad arguments for {call.name}: {exc}")
+        if call.name in self.methods:
+            self._ensure_environment()
         start = time.perf_counter()
-        outcome = _call_with_deadline(
-            lambda: fn(**call.arguments), self.settings.timeout_s, call.name
-        )
+        try:
+            reply = self.worker.request("call", call.name, call.arguments, self.settings.timeout_s)
+        except ToolProcessGone as gone:
+            text = _gone(f"tool {call.name}", gone, self.settings.timeout_s)
+            self.broken = f"the tools are unavailable: an earlier call ended their process ({text})"
+            return _refusal(text, time.perf_counter() - start)
         seconds = time.perf_counter() - start
-        if not outcome.done:
-            self.broken = (
-                f"the tools are unavailable: an earlier call ({call.name}) ran past "
-                f"{self.settings.timeout_s:g} s"
-            )
-            text = f"TimeoutError: tool {call.name} ran past {self.settings.timeout_s:g} s"
-            return _refusal(text, seconds)
-        if outcome.error is not None:
-            text = f"{type(outcome.error).__name__}: {outcome.error}"
-            return self._result(text, error=True, seconds=seconds)
-        return self._result(result_text(outcome.value), error=False, seconds=seconds)
-
-    def _result(self, text: str, error: bool, seconds: float) -> ToolResult:
-        """The tool's own output (a return value, an exception), cut to output_max_tokens."""
+        # an exception keeps its head (its type and message), whatever side output keeps
+        side = "head" if reply.raised else self.settings.output_truncation
         shown, cut = cut_output(
-            text, self.tokenizer, self.settings.output_max_tokens, self.settings.output_truncation
+            reply.text, self.tokenizer, self.settings.output_max_tokens, side, reply.dropped
         )
-        return ToolResult(shown, error, seconds, cut)
+        return ToolResult(shown, reply.raised, seconds, cut)
 
-    def _lifecycle(self, what: str, fn: Callable[[], Any]) -> Any:
-        """`fn()` (the environment's own code) under the deadline; GspoError when it fails."""
-        outcome = _call_with_deadline(fn, self.settings.timeout_s, what)
-        if not outcome.done:
-            raise GspoError(f"{ENVIRONMENT}: {what} ran past {self.settings.timeout_s:g} s")
-        if outcome.error is not None:
-            raise GspoError(f"{ENVIRONMENT}: {what} failed ({first_line(outcome.error)})")
-        return outcome.value
+    def _lifecycle(self, op: Op, what: str, kwargs: Mapping[str, Any]) -> Reply:
+        """The environment's own code in the worker, under the deadline; GspoError when it
+        fails (the user's bug: the run stops)."""
+        try:
+            reply = self.worker.request(op, "", kwargs, self.settings.timeout_s)
+        except ToolProcessGone as gone:
+            why = _gone(what, gone, self.settings.timeout_s)
+            raise GspoError(f"{ENVIRONMENT}: {why}") from None
+        if reply.raised:
+            first = reply.text.strip().splitlines()[0] if reply.text.strip() else "?"
+            raise GspoError(f"{ENVIRONMENT}: {what} failed ({first})")
+        return reply
 
     def _ensure_environment(self) -> None:
         """The trajectory's environment, made and reset at its first use."""
-        if self.environment is not None or self.environment_class is None:
+        if self.environment_made or self.environment_class is None:
             return
         cls = self.environment_class
-        environment = self._lifecycle(f"{cls.__name__}()", cls)
-        reset = getattr(environment, "reset", None)
+        self._lifecycle("make", f"{cls.__name__}()", {})
+        reset = getattr(cls, "reset", None)
         if reset is not None:
-            row = _accepted(reset, self.row)
-            self._lifecycle(f"{cls.__name__}.reset()", lambda: reset(**row))
-        self.environment = environment
+            self._lifecycle("reset", f"{cls.__name__}.reset()", _accepted(reset, self.row))
+        self.environment_made = True
 
     def reward(self) -> float | None:
-        """The environment's `get_reward()`; None without one, or after a hung call (the
-        environment cannot be asked while that call may still run in it)."""
+        """The environment's `get_reward()`; None without one, or after its worker was lost
+        (a hung call or an exit took the environment's state with it)."""
         cls = self.environment_class
         if cls is None or getattr(cls, "get_reward", None) is None or self.broken is not None:
             return None
         self._ensure_environment()
-        value = self._lifecycle(f"{cls.__name__}.get_reward()", self.environment.get_reward)
-        try:
-            reward = float(value)
-        except (TypeError, ValueError):
-            reward = math.nan
-        if not math.isfinite(reward):
+        what = f"{cls.__name__}.get_reward()"
+        reply = self._lifecycle("reward", what, {})
+        if reply.number is None or not math.isfinite(reply.number):
             raise GspoError(
-                f"{ENVIRONMENT}: {cls.__name__}.get_reward() returned {value!r}; "
-                "it must return a finite number"
+                f"{ENVIRONMENT}: {what} returned {reply.text}; it must return a finite number"
             )
-        return reward
+        return reply.number
 
     def close(self) -> None:
-        self.environment = None
+        self.worker.close()
         self.interpreter = None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import REPO, run_cli, wait_gone, write_recipe
+from tests.support.helpers import REPO, marked, run_cli, wait_gone, write_recipe
 
 # argv[1] of `sleep`: unique to each test, so that other runs' sleeps are never counted
 REWARD = """
@@ -26,22 +26,6 @@ def spawn(completions, **kwargs):
     time.sleep({sleep_s})
     return [float(len(c) % 2) for c in completions]
 """
-
-
-def _marked(marker: str) -> list[int]:
-    """Live processes whose argv holds `marker` (from /proc, as `pgrep -f` would)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue  # it ended while we looked
-        if marker.encode() in argv and state != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 def _recipe(folder: Path, marker: str, sleep_s: float, timeout_s: float, steps: int) -> Path:
@@ -58,14 +42,14 @@ def _recipe(folder: Path, marker: str, sleep_s: float, timeout_s: float, steps: 
 
 def _kill_all(marker: str) -> None:
     """Leave nothing behind, whatever a test found."""
-    for pid in _marked(marker):
+    for pid in marked(marker):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
 
 def _gone(marker: str) -> list[int]:
     """The marked processes still alive after up to 30 s."""
-    return wait_gone(_marked(marker), timeout=30)
+    return wait_gone(marked(marker), timeout=30)
 
 
 @pytest.mark.slow
@@ -106,9 +90,9 @@ def test_what_a_reward_started_ends_when_the_trainer_is_sigkilled(tmp_path: Path
     )
     try:
         deadline = time.monotonic() + 300
-        while not _marked(marker) and trainer.poll() is None and time.monotonic() < deadline:
+        while not marked(marker) and trainer.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _marked(marker), "the reward never started its sleep"
+        assert marked(marker), "the reward never started its sleep"
         trainer.kill()  # SIGKILL: no cleanup runs in the trainer
         trainer.wait()
         assert _gone(marker) == []

@@ -27,10 +27,9 @@ from gspo_cli.rollout.tools.toolbox import FunctionToolbox
 MODULE = "gspo_test_tool_module"
 SOURCE = '''
 import math
-import threading
+import pathlib
 
-GATE = threading.Event()  # wait_gate() blocks until the test sets it
-CALLS = []
+LOG = pathlib.Path(__file__).with_name("calls.log")  # the calls that ran, in their worker
 NOT_CALLABLE = 3
 
 
@@ -41,7 +40,8 @@ def add(a: int, b: int) -> int:
         a: The first number.
         b: The second number.
     """
-    CALLS.append(("add", a, b))
+    with LOG.open("a") as log:
+        log.write(f"add {a} {b}\\n")
     return a + b
 
 
@@ -64,10 +64,25 @@ def long_text() -> str:
     return "abcdefghij" * 10
 
 
-def wait_gate() -> str:
-    """Wait."""
-    GATE.wait(30)
-    return "released"
+def spin() -> str:
+    """Never return."""
+    while True:
+        pass
+
+
+def _make_local():
+    def local(a: int) -> int:
+        """A function made inside another.
+
+        Args:
+            a: A number.
+        """
+        return a
+
+    return local
+
+
+local = _make_local()
 
 
 def undocumented(a: int) -> int:
@@ -148,12 +163,16 @@ def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleTyp
     monkeypatch.syspath_prepend(str(tmp_path))
     module = load_functions((f"{MODULE}:add",))["add"].__module__
     yield sys.modules[module]
-    sys.modules[module].GATE.set()  # no thread left waiting
     sys.modules.pop(module)
 
 
+def _calls(tools: ModuleType) -> list[str]:
+    """The calls that ran (logged by the tools in their worker process)."""
+    return tools.LOG.read_text().splitlines() if tools.LOG.exists() else []
+
+
 def _toolbox(module: ModuleType, **settings: Any) -> FunctionToolbox:
-    names = ("add", "boom", "info", "long_text", "wait_gate")
+    names = ("add", "boom", "info", "long_text", "spin")
     functions = {name: getattr(module, name) for name in names}
     return FunctionToolbox(ToolSettings(**settings), build_char_tokenizer(), functions)
 
@@ -179,6 +198,7 @@ def test_functions_load_by_either_path_form_with_schemas(tools: ModuleType) -> N
         (f"{MODULE}:Counter", "is not a function"),
         (f"{MODULE}:undocumented", "no tool schema can be made"),
         (f"{MODULE}:unhinted", "no tool schema can be made"),
+        (f"{MODULE}:local", "cannot reach the tools' process by its name"),
         ("nocolon", "is not an import path"),
     ],
 )
@@ -235,7 +255,7 @@ def test_calls_run_and_every_failure_is_an_answer(tools: ModuleType) -> None:
     assert "add, boom" in results[3].text
     assert results[4].error and results[4].text.startswith("bad arguments for add")
     assert (results[5].text, results[5].error) == ("invalid tool call: not JSON", True)
-    assert tools.CALLS == [("add", 2, 3)]  # neither the bad arguments nor the bad call ran
+    assert _calls(tools) == ["add 2 3"]  # neither the bad arguments nor the bad call ran
 
 
 def test_a_long_result_is_cut_to_output_max_tokens(tools: ModuleType) -> None:
@@ -247,11 +267,11 @@ def test_a_long_result_is_cut_to_output_max_tokens(tools: ModuleType) -> None:
 
 def test_a_hung_call_times_out_and_the_toolbox_refuses_more(tools: ModuleType) -> None:
     toolbox = _toolbox(tools, timeout_s=0.2)
-    hung, later = toolbox.run([ToolCall("wait_gate", {}), ToolCall("add", {"a": 1, "b": 2})])
-    assert hung.error and hung.text == "TimeoutError: tool wait_gate ran past 0.2 s"
+    hung, later = toolbox.run([ToolCall("spin", {}), ToolCall("add", {"a": 1, "b": 2})])
+    assert hung.error and hung.text == "TimeoutError: tool spin ran past 0.2 s"
     assert hung.seconds < 5
     assert later.error and "unavailable" in later.text
-    assert tools.CALLS == []  # the call after the hung one never ran
+    assert _calls(tools) == []  # the call after the hung one never ran
 
 
 def test_the_environment_is_one_per_toolbox_reset_with_the_row(tools: ModuleType) -> None:
