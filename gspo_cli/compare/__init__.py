@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from gspo_cli.compare.plots import write_plots
-from gspo_cli.compare.report import remove_stale_plots, write_reports
+from gspo_cli.compare.report import remove_stale_plots, write_reports, written_by_compare
 from gspo_cli.compare.runs import Problems, Run, load_runs
 from gspo_cli.compare.seeds import group_runs
 from gspo_cli.compare.series import HELDOUT, HELDOUT_FORMS, RATIO_SPREAD, X_LABELS, X_SOURCES
@@ -142,7 +142,15 @@ def _write_outputs(
     cmp: Comparison, rows: list[Row], out_dir: Path, problems: Problems
 ) -> list[Path] | None:
     """The plots and summary files in `out_dir` (stale plots removed first); the plots written,
-    or None when the folder cannot be written (one line)."""
+    or None when the folder cannot be written, or holds files a comparison did not write
+    (one line)."""
+    if not written_by_compare(out_dir):
+        problems.error(
+            out_dir,
+            "holds files gspo compare did not write, which it would replace; give --out a new "
+            "or empty folder, or one an earlier comparison wrote",
+        )
+        return None
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_plots(out_dir)

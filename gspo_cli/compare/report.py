@@ -109,6 +109,18 @@ def summary_markdown(
     return "\n".join(lines)
 
 
+def written_by_compare(out_dir: Path) -> bool:
+    """Whether `out_dir` is new, empty, or holds a comparison's summary.json: the folders
+    `gspo compare` may write into (it never replaces files it did not write)."""
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return True
+    try:
+        previous = json.loads((out_dir / SUMMARY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(previous, dict) and {"x", "baseline", "runs"} <= previous.keys()
+
+
 def remove_stale_plots(out_dir: Path) -> None:
     """Delete the plots a previous comparison listed in summary.json (only those)."""
     try:

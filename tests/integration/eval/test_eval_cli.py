@@ -230,6 +230,10 @@ def test_resume_skips_finished_problems_and_redoes_a_cut_line(shared: Path, tmp_
     changed = dataclasses.replace(settings, samples=1)
     with pytest.raises(GspoError, match="settings differ"):
         _run_eval(changed, out, resume=True)
+    typo = tmp_path / "evv"  # --resume of a folder with no evaluation: refused, nothing made
+    with pytest.raises(GspoError, match=r"--resume: .*evv holds no evaluation"):
+        _run_eval(settings, typo, resume=True)
+    assert not typo.exists()
 
 
 def test_run_folder_resolves_to_its_checkpoint(

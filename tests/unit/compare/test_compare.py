@@ -342,3 +342,19 @@ def test_a_hacked_judge_shows_as_the_two_judges_parting(tmp_path: Path) -> None:
     assert "judge train first → last" in text and "0.400 → 0.800" in text
     assert "judge heldout first → last" in text and "0.500 → 0.300" in text
     assert (out / "judge_heldout_mean.png").exists() or any(out.glob("judge_heldout*.png"))
+
+
+def test_out_never_replaces_files_a_comparison_did_not_write(
+    tmp_path: Path, pair: list[Path]
+) -> None:
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "summary.md").write_text("my own notes\n", encoding="utf-8")
+    console = recording_console()
+    assert compare_runs(pair, out=mine, console=console) == 2
+    assert "holds files gspo compare did not write" in console_text(console)
+    assert [p.name for p in mine.iterdir()] == ["summary.md"]
+    assert (mine / "summary.md").read_text(encoding="utf-8") == "my own notes\n"
+    again = tmp_path / "cmp"  # a comparison's own folder is reused, as DEFAULT_OUT is
+    for _ in range(2):
+        assert compare_runs(pair, out=again, console=recording_console()) == 0
