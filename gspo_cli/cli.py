@@ -65,9 +65,10 @@ def _check_lora(file: Path, recipe: Recipe, *, hub: bool) -> None:
 
         problems.append(early_lora_problem(recipe))
     if recipe.algorithm.distill is not None:
-        from gspo_cli.train.run.teacher import teacher_problem
+        from gspo_cli.train.run.teacher import missing_teacher, teacher_problem
 
-        problems.append(teacher_problem(recipe, hub=hub))
+        missing = missing_teacher(recipe, file)
+        problems.append(missing if missing is not None else teacher_problem(recipe, hub=hub))
     for problem in problems:
         if problem is not None:
             raise RecipeError(str(file), [problem])

@@ -19,12 +19,28 @@ from gspo_cli.core.errors import GspoError
 from gspo_cli.models import load_policy
 from gspo_cli.models.loading import convert_first, model_file_digests
 from gspo_cli.models.vocab import load_tokenizer, vocab_problem
+from gspo_cli.recipe.made_by import made_by
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.runs.folder import TEACHER_FILES, write_text_atomic
 from gspo_cli.train.engines.torch_engine import FrozenPolicy
 from gspo_cli.train.step.distill import Teacher
 
 WHAT = "algorithm.distill.teacher"
+
+
+def missing_teacher(recipe: Recipe, recipe_file: Path) -> str | None:
+    """The one line refusing a teacher folder that is not there, with the command that makes
+    it when the recipe's comments have one (recipe/made_by.py); None when it is there (or is
+    no local path)."""
+    distill = recipe.algorithm.distill
+    if distill is None or not distill.teacher.startswith(("/", ".", "~")):
+        return None
+    folder = Path(distill.teacher).expanduser()
+    if folder.exists():
+        return None
+    command = made_by(recipe_file, folder)
+    how = f"; make it first: {command}" if command else ""
+    return f"{WHAT}: no such folder: {distill.teacher}{how}"
 
 
 def teacher_problem(recipe: Recipe, *, hub: bool) -> str | None:
