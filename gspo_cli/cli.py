@@ -69,9 +69,28 @@ def _check_lora(file: Path, recipe: Recipe, *, hub: bool) -> None:
 
         missing = missing_teacher(recipe, file)
         problems.append(missing if missing is not None else teacher_problem(recipe, hub=hub))
+    problems += _tool_template_problems(recipe, hub=hub)
     for problem in problems:
         if problem is not None:
             raise RecipeError(str(file), [problem])
+
+
+def _tool_template_problems(recipe: Recipe, *, hub: bool) -> list[str | None]:
+    """`format: chat_template` on a model whose template cannot render tool turns, for each
+    environment that uses it."""
+    views = [v.recipe for v in recipe.environments_resolved() if v.recipe.rollout.tools]
+    if not any(v.rollout.tools and v.rollout.tools.format == "chat_template" for v in views):
+        return []
+    from gspo_cli.models.vocab import load_tokenizer
+    from gspo_cli.rollout.tools.build import tool_template_problem
+
+    tokenizer = load_tokenizer(recipe.model.path, what="model.path", hub=hub)
+    return [
+        tool_template_problem(
+            v.tool_settings(), tokenizer, v.model.path, v.data.chat_template_kwargs
+        )
+        for v in views
+    ]
 
 
 @app.command()

@@ -170,6 +170,27 @@ def length_problems(recipe: Recipe, shape: ModelShape | None) -> list[str]:
     ]
 
 
+def expert_count_problem(experts: int, ep: int) -> str | None:
+    """`deepspeed.expert_parallel` must split a model's routed experts evenly (the one rule:
+    checked here at validate time for a known shape, by the engine for a loaded model)."""
+    if ep <= 1:
+        return None
+    if experts <= 1:
+        return f"deepspeed.expert_parallel ({ep}) needs a Mixture-of-Experts model"
+    if experts % ep:
+        return f"deepspeed.expert_parallel ({ep}) must divide the model's expert count ({experts})"
+    return None
+
+
+def expert_parallel_problem(recipe: Recipe, shape: ModelShape | None) -> str | None:
+    """`expert_count_problem` for a model whose shape is known without loading it (a hub id's
+    is checked when the engine starts)."""
+    if shape is None:
+        return None
+    problem = expert_count_problem(shape.experts, recipe.deepspeed.expert_parallel)
+    return None if problem is None else f"{problem}: {recipe.model.path}"
+
+
 def staleness_problem(recipe: Recipe) -> str | None:
     """A max_staleness of at least trainer.steps: step s trains on a batch sampled by the
     policy of step max(0, s - 1 - max_staleness), so the run never reaches that staleness and
@@ -192,7 +213,8 @@ def size_problems(recipe: Recipe) -> list[str]:
         shape = model_shape(recipe.model.path)
     except ValueError as exc:
         return [*problems, f"model.path: {exc}"]
-    return problems + length_problems(recipe, shape)
+    ep = expert_parallel_problem(recipe, shape)
+    return problems + length_problems(recipe, shape) + ([ep] if ep else [])
 
 
 class MemoryEstimate(NamedTuple):

@@ -111,7 +111,22 @@ def owned_folder(folder: Path, command: str, kind: str, resume: bool = False) ->
     if resume and not folder.exists():  # before one_writer creates it
         check_out_folder(folder, kind, resume)
     check_out_folder(folder, kind)
-    with one_writer(folder, command):
-        check_out_folder(folder, kind, resume)
-        mark_folder(folder, kind)
-        yield
+    made = not folder.exists()
+    try:
+        with one_writer(folder, command):
+            check_out_folder(folder, kind, resume)
+            mark_folder(folder, kind)
+            yield
+    except GspoError:  # a refusal (a launch check) before anything of the run was written
+        if made:
+            _remove_if_bare(folder)
+        raise
+
+
+def _remove_if_bare(folder: Path) -> None:
+    """Remove a folder this command made that holds only its marker and lock file."""
+    with contextlib.suppress(OSError):  # a leftover folder is untidy, never worse
+        if {p.name for p in folder.iterdir()} <= {RUN_MARKER, LOCK}:
+            for name in (RUN_MARKER, LOCK):
+                (folder / name).unlink(missing_ok=True)
+            folder.rmdir()

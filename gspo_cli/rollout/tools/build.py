@@ -61,6 +61,23 @@ def tool_schemas_for(settings: ToolSettings) -> list[dict[str, Any]] | None:
     return tool_schemas(functions, environment, settings.interpreter is not None)
 
 
+def tool_template_problem(
+    tools: ToolSettings | None,
+    tokenizer: PreTrainedTokenizerBase | None,
+    model_name: str,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str | None:
+    """The one line refusing `format: chat_template` on a template that cannot render tool
+    turns (check_prefix_preserving), or None: asked at validate time, before a run folder."""
+    if tools is None or tools.format != "chat_template" or tokenizer is None:
+        return None
+    try:
+        check_prefix_preserving(tokenizer, model_name, template_kwargs)
+    except GspoError as exc:
+        return f"rollout.tools.format: {exc}"
+    return None
+
+
 def make_tool_parts(
     settings: ToolSettings,
     tokenizer: PreTrainedTokenizerBase,

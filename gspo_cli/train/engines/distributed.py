@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from gspo_cli.core.engine_catalogue import TRAIN_ENGINES, expert_parallel_engines
 from gspo_cli.core.errors import GspoError
+from gspo_cli.recipe.bounds import expert_count_problem
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.train.engines.metric_rules import (
     combine,
@@ -119,7 +120,7 @@ def check_world_size(recipe: Recipe, world: int) -> None:
 
 def check_expert_parallel(recipe: Recipe, world: int) -> None:
     """`deepspeed.expert_parallel` (AutoEP) where it can run, one line each (the expert count
-    is checked where the model is known: `check_expert_count`)."""
+    is checked where the model is known: at validate time, or `check_expert_count`)."""
     ep = recipe.deepspeed.expert_parallel
     if ep == 1:
         return
@@ -136,33 +137,14 @@ def check_expert_parallel(recipe: Recipe, world: int) -> None:
             "deepspeed.expert_parallel does not run with LoRA (model.lora.r > 0): DeepSpeed's "
             "AutoEP replaces the expert modules the adapters would wrap"
         )
-    experts = _known_expert_count(recipe.model.path)
-    if experts is not None:  # else checked once the model is loaded (the engine)
-        check_expert_count(experts, ep)
-
-
-def _known_expert_count(path: str) -> int | None:
-    """The routed experts per layer of a built-in model, or of one whose config.json is on
-    disk; None where that needs the hub or the config cannot be read (loading reports it)."""
-    from gspo_cli.recipe.bounds import model_shape
-
-    try:
-        shape = model_shape(path)
-    except ValueError:
-        return None
-    return None if shape is None else shape.experts
 
 
 def check_expert_count(experts: int, ep: int) -> None:
-    """The model's routed experts per layer must split evenly over `ep` ranks."""
-    if ep == 1:
-        return
-    if experts <= 1:
-        raise GspoError(f"deepspeed.expert_parallel ({ep}) needs a Mixture-of-Experts model")
-    if experts % ep:
-        raise GspoError(
-            f"deepspeed.expert_parallel ({ep}) must divide the model's expert count ({experts})"
-        )
+    """The loaded model's routed experts per layer must split evenly over `ep` ranks (a
+    known shape was checked at validate time: recipe/bounds.py)."""
+    problem = expert_count_problem(experts, ep)
+    if problem is not None:
+        raise GspoError(problem)
 
 
 def context_from_env() -> DistContext:

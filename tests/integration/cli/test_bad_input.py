@@ -285,3 +285,57 @@ def test_a_tokenizer_without_a_chat_template_is_one_line(hf_model: Path, tmp_pat
     recipe = _recipe(tmp_path, model={"path": str(folder)})
     result = invoke_cli("train", str(recipe), "--out", str(tmp_path / "run"))
     one_error_line(result, "the tokenizer has no chat template: set data.chat_template: none")
+
+
+TOOLS = '''
+def add(a: int, b: int) -> int:
+    """Add two numbers.
+
+    Args:
+        a: The first.
+        b: The second.
+    """
+    return a + b
+'''
+CHAT_TEMPLATE_TOOLS = {
+    "format": "chat_template",
+    "interpreter": None,
+    "functions": ["bad_input_tools:add"],
+}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "args", "expected"),  # the first two are known to `gspo validate` too
+    [
+        (
+            {
+                "model": {"path": "builtin:tiny-moe"},
+                "trainer": {"engine": "deepspeed"},
+                "deepspeed": {"zero_stage": 2, "expert_parallel": 3},
+            },
+            ["--nproc", "3"],
+            "deepspeed.expert_parallel (3) must divide the model's expert count (8,",
+        ),
+        (  # the built-in ChatML renders no tool calls
+            {"rollout": {"max_new_tokens": 128, "tools": CHAT_TEMPLATE_TOOLS}},
+            [],
+            "rollout.tools.format: the chat template of builtin:tiny-dense does not render",
+        ),
+        ({}, ["--nproc", "2"], "--nproc/--hostfile need trainer.engine"),  # a launch refusal
+    ],
+    ids=["expert-count", "tool-template", "launch"],
+)
+def test_refused_before_a_run_folder_is_made(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    overrides: dict[str, object],
+    args: list[str],
+    expected: str,
+) -> None:
+    (tmp_path / "bad_input_tools.py").write_text(TOOLS)
+    monkeypatch.chdir(tmp_path)
+    recipe, out = _recipe(tmp_path, **overrides), tmp_path / "run"
+    if "--nproc/--hostfile" not in expected:  # what only a launch knows
+        one_error_line(invoke_cli("validate", str(recipe)), expected)
+    one_error_line(invoke_cli("train", str(recipe), "--out", str(out), *args), expected)
+    assert not out.exists()  # no empty run folder left behind

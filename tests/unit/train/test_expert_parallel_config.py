@@ -4,12 +4,14 @@ each in one line (tests/integration/train/test_expert_parallel.py trains with it
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from gspo_cli.core.errors import GspoError
 from gspo_cli.recipe import Recipe, RecipeError, load_recipe
+from gspo_cli.recipe.bounds import size_problems
 from gspo_cli.train.engines.deepspeed_engine import deepspeed_config
 from gspo_cli.train.engines.distributed import check_expert_count, check_world_size
 from gspo_cli.train.engines.settings import engine_settings
@@ -107,19 +109,21 @@ def test_engine_refuses_a_checkpoint_of_another_ep(tmp_path: Path) -> None:
         DeepSpeedEngine.load_state(SimpleNamespace(expert_parallel=4, adapters=None), tmp_path)  # type: ignore[arg-type]
 
 
-def test_expert_count_is_refused_before_launch_when_the_config_is_on_disk(tmp_path: Path) -> None:
+def test_expert_count_is_refused_at_validate_time_when_the_config_is_on_disk(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_experts": 8}))
     recipe = _recipe(3, model={"path": str(tmp_path)}, rollout={"num_prompts": 6, "group_size": 4})
-    with pytest.raises(GspoError, match=r"must divide the model's expert count \(8\)"):
-        check_world_size(recipe, 3)
-    check_world_size(_recipe(2, model={"path": str(tmp_path)}), 2)
+    (problem,) = size_problems(recipe)
+    assert re.search(r"must divide the model's expert count \(8\)", problem)
+    assert size_problems(_recipe(2, model={"path": str(tmp_path)})) == []
 
 
-def test_a_builtin_models_expert_count_is_refused_before_launch() -> None:
+def test_a_builtin_models_expert_count_is_refused_at_validate_time() -> None:
     """Built-in shapes are known without building the model (recipe/bounds.py BUILTIN_SHAPES;
     tests/unit/recipe/test_recipe_bounds.py checks them against the built models)."""
-    with pytest.raises(GspoError, match=r"must divide the model's expert count \(8\)"):
-        check_world_size(_recipe(3, rollout={"num_prompts": 6, "group_size": 4}), 3)  # tiny-moe
-    check_world_size(_recipe(2, model={"path": "builtin:tiny-moe-deep"}), 2)
-    with pytest.raises(GspoError, match="needs a Mixture-of-Experts model"):
-        check_world_size(_recipe(2, model={"path": "builtin:tiny-dense"}), 2)
+    (problem,) = size_problems(_recipe(3, rollout={"num_prompts": 6, "group_size": 4}))
+    assert "must divide the model's expert count (8): builtin:tiny-moe" in problem
+    assert size_problems(_recipe(2, model={"path": "builtin:tiny-moe-deep"})) == []
+    (dense,) = size_problems(_recipe(2, model={"path": "builtin:tiny-dense"}))
+    assert "needs a Mixture-of-Experts model" in dense
