@@ -152,13 +152,14 @@ def gguf_file(path: str) -> Path | None:
 
 
 def base_digest(path: str) -> str | None:
-    """The SHA-256 that pins the LoRA base `path` names: a GGUF's file, or a local folder's
-    weights and config (folder_digest); None for a hub id, a seeded built-in (a run saves
-    that base in its folder) or a path that is not there (the loader says so)."""
+    """The SHA-256 that pins the LoRA base `path` names: a GGUF's file, a local folder's
+    weights and config (folder_digest), or a hub id's cached snapshot (the same files); None
+    for a seeded built-in (a run saves that base in its folder), a hub id not in the local
+    cache or a path that is not there (the loader says so)."""
     file = gguf_file(path)
     if file is not None:
         return file_digest(file) if file.is_file() else None
-    local = _local_folder(path)
+    local = _local_folder(path) or _hub_snapshot(path)
     return None if local is None else folder_digest(local)
 
 
@@ -168,7 +169,7 @@ def model_file_digests(path: str) -> dict[str, str] | None:
     file = gguf_file(path)
     if file is not None:
         return {file.name: file_digest(file)} if file.is_file() else None
-    local = _local_folder(path)
+    local = _local_folder(path) or _hub_snapshot(path)
     return None if local is None else file_digests(local)
 
 
@@ -177,14 +178,43 @@ def _local_folder(path: str) -> Path | None:
     return None if path.startswith(BUILTIN_MODEL_PREFIX) or not local.is_dir() else local
 
 
+def _is_hub_id(path: str) -> bool:
+    """`org/name` or `name`: neither a built-in, a file path nor a local folder."""
+    named = not path.startswith((BUILTIN_MODEL_PREFIX, "/", ".", "~")) and path.count("/") <= 1
+    return named and not Path(path).exists() and not is_gguf_path(path)
+
+
+def _hub_snapshot(path: str) -> Path | None:
+    """The local hub cache's snapshot of hub id `path` (what from_pretrained loads), or None:
+    not a hub id, or not cached. Never downloads."""
+    if not _is_hub_id(path):
+        return None
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(path, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError, OSError):
+        return None
+
+
 def check_base_digest(folder: Path, base: str) -> None:
     """The base of the adapters in `folder` must be the model they were trained on (the
-    SHA-256 they recorded, if any): one GspoError line naming it and both digests."""
-    if recorded_base_sha256(folder) is None:
-        return  # nothing recorded: a hub or run-folder base, or adapters saved before digests
+    SHA-256 they recorded, if any): one GspoError line naming it and both digests. A recorded
+    base that can no longer be digested (a hub id gone from the local cache) is refused too:
+    it cannot be checked."""
+    recorded = recorded_base_sha256(folder)
+    if recorded is None:
+        return  # nothing recorded: a run-folder base, or adapters saved before digests
     digest = base_digest(base)
     if digest is not None:  # a GGUF base is named by its file (a built-in's, in its wheel)
         check_base_sha256(folder, gguf_file(base) or base, digest)
+    elif _is_hub_id(base):
+        raise GspoError(
+            f"the LoRA base {base!r} is not in the local hub cache, so it cannot be checked "
+            f"against the model the adapters in {folder} were trained on (sha256 "
+            f"{recorded[:12]}...): download it again (huggingface-cli download {base}) first"
+        )
 
 
 def convert_first(path: str, *, what: str) -> None:

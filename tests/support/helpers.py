@@ -32,11 +32,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cli(
-    *args: str, cwd: Path | None = None, timeout: float = 600, threads: int | None = None
+    *args: str,
+    cwd: Path | None = None,
+    timeout: float = 600,
+    threads: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run the real `gspo` entry point in a subprocess, as a user would (`threads`: its
-    OMP_NUM_THREADS, else inherited)."""
-    env = {**os.environ, "COLUMNS": "200"}
+    OMP_NUM_THREADS, else inherited; `env`: more environment variables)."""
+    env = {**os.environ, "COLUMNS": "200", **(env or {})}
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     return subprocess.run(

@@ -116,3 +116,34 @@ def test_the_loaded_model_is_checked_for_a_tied_target_too() -> None:
     model, _ = create_builtin("tiny-dense", seed=0)
     with pytest.raises(GspoError, match="lm_head of the model shares its weight with"):
         Adapters.add(model, r=2, alpha=4, dropout=0.0, targets=["lm_head"])
+
+
+@pytest.mark.slow
+def test_a_hub_id_base_is_digested_and_a_changed_or_missing_one_refused_on_resume(
+    tmp_path: Path,
+) -> None:
+    """A LoRA base named by hub id is pinned by its cached snapshot's files, as a local folder
+    is (run in subprocesses: the hub cache's place is read when huggingface_hub is imported)."""
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--cached--tiny" / "snapshots" / ("0" * 40)
+    model, tokenizer = create_builtin("tiny-dense", seed=2)
+    model.save_pretrained(snapshot)
+    tokenizer.save_pretrained(snapshot)
+    (cache / "models--cached--tiny" / "refs").mkdir()
+    (cache / "models--cached--tiny" / "refs" / "main").write_text("0" * 40)
+    lora = {"r": 2, "alpha": 4, "target_modules": ["q_proj"]}
+    recipe = write_recipe(
+        tmp_path, {"model": {"path": "cached/tiny", "lora": lora}, "trainer": {"steps": 1}}
+    )
+    env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    run = tmp_path / "run"
+    trained = run_cli("train", str(recipe), "--out", str(run), env=env)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    record = json.loads((run / "checkpoints" / "step_000001" / GGUF_BASE).read_text())
+    assert len(record["sha256"]) == 64  # pinned, where a hub id was not before
+    create_builtin("tiny-dense", seed=5)[0].save_pretrained(snapshot)  # the hub id, new weights
+    changed = run_cli("train", str(recipe), "--out", str(run), "--resume", env=env)
+    _one_line(changed, "cached/tiny", f"was {record['sha256'][:12]}", "has changed")
+    (cache / "models--cached--tiny" / "refs" / "main").unlink()  # gone from the cache
+    missing = run_cli("train", str(recipe), "--out", str(run), "--resume", env=env)
+    _one_line(missing, "'cached/tiny' is not in the local hub cache", "cannot be checked")
