@@ -6,7 +6,8 @@
   of real judges made explicit (a reward to hack, beside an honest held-out judge).
   Built-in judges score directly in [0, 1]: no template, no parse, the same in both modes.
 - `http(s)://host:port/v1`: POST {url}/chat/completions (one user message, temperature 0); the
-  reply is `choices[0].message.content`. `timeout_s` bounds the connection and every read.
+  reply is `choices[0].message.content`. `timeout_s` bounds the whole call, however slowly
+  the server answers.
 - any other value: a causal LM checkpoint (a folder or hub id) that generates its judgement
   greedily, `max_new_tokens` at most, through its chat template when it has one; loaded once
   per process and device.
@@ -14,12 +15,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import os
 import re
+import socket
 import threading
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections import Counter
 from typing import Any
 
@@ -27,6 +30,7 @@ BUILTIN_PREFIX = "builtin:"
 BUILTINS = ("overlap", "length")
 LENGTH_WORDS = 100  # builtin:length's score reaches 1 at this many words
 URL_PREFIXES = ("http://", "https://")
+MAX_ANSWER_BYTES = 4 * 1024**2  # a judge's answer is a short text; more is a broken server
 WORD = re.compile(r"[a-z0-9]+")
 
 _LOADED: dict[tuple[str, str], tuple[Any, Any]] = {}  # (path, device) -> (model, tokenizer)
@@ -73,6 +77,52 @@ def builtin_score(name: str, completion: str, answer: Any) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+def _post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> bytes:
+    """POST `body` to `url`; the answer's body. One deadline for the whole call: a timer
+    shuts the socket down at `timeout_s`, so a server that trickles its answer a byte at a
+    time is cut there too (a per-read timeout would wait for ever)."""
+    parts = urllib.parse.urlsplit(url)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = kind(parts.hostname or "", parts.port, timeout=timeout_s)
+    expired = threading.Event()
+    sockets: list[socket.socket] = []  # the connected socket (the response keeps using it
+    # after the connection object lets go of it)
+
+    def cut() -> None:
+        expired.set()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(timeout_s, cut)
+    timer.start()
+    try:
+        conn.connect()  # bounded by the socket timeout, timeout_s
+        sockets.append(conn.sock)
+        if expired.is_set():  # the timer fired before the socket was there to cut
+            raise TimeoutError
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        conn.request("POST", path, body, headers)
+        response = conn.getresponse()
+        payload = response.read(MAX_ANSWER_BYTES + 1)
+    except (TimeoutError, OSError, http.client.HTTPException) as exc:
+        if expired.is_set() or isinstance(exc, TimeoutError):
+            raise JudgeError(f"no answer within timeout_s {timeout_s:g}s") from None
+        if isinstance(exc, ConnectionRefusedError | socket.gaierror):
+            raise JudgeError(f"cannot reach it ({exc})") from None
+        raise JudgeError(f"connection failed ({exc})") from None
+    finally:
+        timer.cancel()
+        conn.close()
+    if expired.is_set():  # cut while the body was read: what came is not the whole answer
+        raise JudgeError(f"no answer within timeout_s {timeout_s:g}s")
+    if response.status >= 400:
+        raise JudgeError(f"HTTP {response.status} {response.reason}")
+    if len(payload) > MAX_ANSWER_BYTES:
+        raise JudgeError(f"an answer over {MAX_ANSWER_BYTES // 1024**2} MB")
+    return payload
+
+
 def ask_url(
     url: str,
     text: str,
@@ -93,23 +143,8 @@ def ask_url(
     key = os.environ.get(api_key_env) if api_key_env else None
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    request = urllib.request.Request(
-        url.rstrip("/") + "/chat/completions", json.dumps(body).encode(), headers, method="POST"
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            payload = response.read()
-    except urllib.error.HTTPError as exc:
-        raise JudgeError(f"HTTP {exc.code} {exc.reason}") from None
-    except urllib.error.URLError as exc:
-        reason = exc.reason
-        if isinstance(reason, TimeoutError):
-            raise JudgeError(f"no answer within timeout_s {timeout_s:g}s") from None
-        raise JudgeError(f"cannot reach it ({reason})") from None
-    except TimeoutError:
-        raise JudgeError(f"no answer within timeout_s {timeout_s:g}s") from None
-    except OSError as exc:  # a connection reset mid-answer
-        raise JudgeError(f"connection failed ({exc})") from None
+    endpoint = url.rstrip("/") + "/chat/completions"
+    payload = _post(endpoint, json.dumps(body).encode(), headers, timeout_s)
     try:
         content = json.loads(payload)["choices"][0]["message"]["content"]
     except (ValueError, KeyError, IndexError, TypeError):

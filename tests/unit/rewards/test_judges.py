@@ -32,7 +32,8 @@ COMPLETIONS = ["good answer", "bad", "good one", "meh"]
 
 class Stub(BaseHTTPRequestHandler):
     """/ok: `Score: 9` for a response holding `good`, else `Score: 2`; /group: JSON scores, 8
-    for `good` members; /garbage: prose; /broken: not JSON; /hang: sleeps past any timeout."""
+    for `good` members; /garbage: prose; /broken: not JSON; /hang: sleeps past any timeout;
+    /trickle: answers a byte at a time."""
 
     requests: typing.ClassVar[list[str]] = []
 
@@ -43,6 +44,15 @@ class Stub(BaseHTTPRequestHandler):
         kind = self.path.split("/")[1]
         if kind == "hang":
             time.sleep(3)
+            return
+        if kind == "trickle":  # a byte every 0.1 s: each read is quick, the answer is not
+            self.send_response(200)
+            self.send_header("Content-Length", "30")
+            self.end_headers()
+            for _ in range(30):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.1)
             return
         if kind == "broken":
             self._send(b"<html>oops</html>")
@@ -168,6 +178,14 @@ def test_a_hanging_server_times_out_and_is_counted(server: str) -> None:
     assert context.drain()["judge/errors"] == 4
     with pytest.raises(ValueError, match=r"judge .*/hang/v1: no answer within timeout_s 0.5s"):
         judge(context, model=f"{server}/hang/v1", timeout_s=0.5)
+
+
+def test_a_server_trickling_its_answer_is_cut_at_one_deadline(server: str) -> None:
+    context = RewardContext(device="cpu")
+    started = time.perf_counter()
+    scores = judge(context, ["good"], model=f"{server}/trickle/v1", timeout_s=0.5, on_error="skip")
+    assert scores == [None] and context.drain()["judge/errors"] == 1
+    assert time.perf_counter() - started < 2.5  # the trickle lasts 3 s
 
 
 def test_a_broken_answer_is_an_error_not_a_parse_failure(server: str) -> None:
