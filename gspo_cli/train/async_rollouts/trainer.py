@@ -20,6 +20,7 @@ import os
 import pickle
 import queue
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +90,10 @@ class AsyncRollouts:
         settings: StepSettings,
         ctx: DistContext,
         device: torch.device,
+        note: Callable[[str], None] = print,
     ) -> None:
         self.recipe, self.engine, self.ctx = recipe, engine, ctx
+        self.note = note  # the worker's lines (its dynamic-sampling rounds), as the loop's
         self.staleness = recipe.rollout.max_staleness
         self.last_step = recipe.trainer.steps
         self._plan_parts = (problems, environments, tokenizer, settings, str(device))
@@ -205,7 +208,9 @@ class AsyncRollouts:
                     ) from None
         if kind == "error":
             raise self._failure(f"stopped while sampling {what}: {value}")
-        if kind == "ready":
+        if kind == "note":
+            self.note(str(value))
+        elif kind == "ready":
             self.ready = True
         elif kind == "took":
             self.taken = int(value)

@@ -151,7 +151,14 @@ def _sample(plan: WorkerPlan, staging: nn.Module, inbox: Any, outbox: Any) -> No
                     seed = step_seed(recipe.trainer.seed, step, plan.rollbacks)
                     torch.manual_seed(seed)  # unseeded sampling: one stream per step
                     before = sampler.state_dict()
-                    collected = collect_step(source, plan.settings, seed, plan.ctx, step=step)
+                    collected = collect_step(
+                        source,
+                        plan.settings,
+                        seed,
+                        plan.ctx,
+                        note=lambda line, step=step: outbox.put(("note", f"step {step}: {line}")),
+                        step=step,
+                    )
                     batch = AsyncBatch(step, version, collected, before, sampler.state_dict())
                     outbox.put(("batch", pickle.dumps(batch)))
             finally:

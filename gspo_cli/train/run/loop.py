@@ -247,6 +247,7 @@ def _start_rollouts(run: PreparedRun) -> None:
     run.rollouts = AsyncRollouts(
         run.recipe, run.engine, run.tokenizer, (run.train_set.prompts, run.train_set.rows),
         (run.environments.plans(), run.sampler), run.settings, run.ctx, run.device,
+        lambda line: run.console.print(line, highlight=False),
     )  # fmt: skip
     saved = []
     if run.start:

@@ -50,14 +50,20 @@ def test_the_options_show_in_a_short_runs_metrics(tiny_recipe, tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("staleness", [0, 1], ids=["sync", "async-worker"])
 def test_rounds_that_never_fill_the_batch_end_the_run_naming_the_limit(
-    tiny_recipe, tmp_path: Path
+    tiny_recipe, tmp_path: Path, staleness: int
 ) -> None:  # type: ignore[no-untyped-def]
     # weight 0: every reward is 0, no group is ever mixed; once nothing was kept in 3 rounds
-    # the run ends (it used to train on nothing, every step, in silence)
+    # the run ends (it used to train on nothing, every step, in silence); the asynchronous
+    # worker's rounds print the same lines
     recipe = tiny_recipe(
         trainer={"steps": 2},
-        rollout={"dynamic_sampling": True, "dynamic_sampling_max_rounds": 3},
+        rollout={
+            "dynamic_sampling": True,
+            "dynamic_sampling_max_rounds": 3,
+            "max_staleness": staleness,
+        },
         reward={"functions": [{"name": "math", "weight": 0}]},
     )
     result = run_cli("train", str(recipe), "--out", str(tmp_path / "run"))
