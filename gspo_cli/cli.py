@@ -18,10 +18,11 @@ from rich.text import Text
 from gspo_cli.core.engine_catalogue import TRAIN_ENGINES, multi_process_engines
 from gspo_cli.core.errors import GspoError, Stopped
 from gspo_cli.core.registry import UnknownNameError
-from gspo_cli.recipe import Recipe, RecipeError, dump_recipe_yaml, load_recipe
+from gspo_cli.recipe import RecipeError, dump_recipe_yaml, load_recipe
 from gspo_cli.recipe.loader import recipe_from_overrides
 from gspo_cli.recipe.summary import summary_line
 from gspo_cli.runs.folder import COLD_START, HF_CONFIG, run_dir_of, write_error
+from gspo_cli.train.run.preflight import check_model_fit
 from gspo_cli.train.run.signals import (
     INTERRUPT_EXIT,
     eval_stop_message,
@@ -52,45 +53,8 @@ SetOpt = Annotated[
 def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
     """Check a recipe; exit 0 with a summary or 2 with one line per problem."""
     resolved = load_recipe(recipe, set_)
-    _check_lora(recipe, resolved, hub=False)
+    check_model_fit(recipe, resolved, hub=False)
     console.print(Text.assemble(("ok", "green"), f" {summary_line(resolved)}"))
-
-
-def _check_lora(file: Path, recipe: Recipe, *, hub: bool) -> None:
-    """A LoRA target the model lacks or ties, a rank too large for its layers or the machine's
-    memory, a teacher with other token ids: one line, exit 2, before anything is written."""
-    problems = []  # imported only where needed: both load torch; `hub`: train, not validate
-    if recipe.model.lora.r:
-        from gspo_cli.train.engines.adapters import early_lora_problem
-
-        problems.append(early_lora_problem(recipe))
-    if recipe.algorithm.distill is not None:
-        from gspo_cli.train.run.teacher import missing_teacher, teacher_problem
-
-        missing = missing_teacher(recipe, file)
-        problems.append(missing if missing is not None else teacher_problem(recipe, hub=hub))
-    problems += _tool_template_problems(recipe, hub=hub)
-    for problem in problems:
-        if problem is not None:
-            raise RecipeError(str(file), [problem])
-
-
-def _tool_template_problems(recipe: Recipe, *, hub: bool) -> list[str | None]:
-    """`format: chat_template` on a model whose template cannot render tool turns, for each
-    environment that uses it."""
-    views = [v.recipe for v in recipe.environments_resolved() if v.recipe.rollout.tools]
-    if not any(v.rollout.tools and v.rollout.tools.format == "chat_template" for v in views):
-        return []
-    from gspo_cli.models.vocab import load_tokenizer
-    from gspo_cli.rollout.tools.build import tool_template_problem
-
-    tokenizer = load_tokenizer(recipe.model.path, what="model.path", hub=hub)
-    return [
-        tool_template_problem(
-            v.tool_settings(), tokenizer, v.model.path, v.data.chat_template_kwargs
-        )
-        for v in views
-    ]
 
 
 @app.command()
@@ -129,7 +93,7 @@ def train(
         from gspo_cli.train.run.teacher import check_resumed_teacher
 
         check_resumed_teacher(resolved, run_dir)
-    _check_lora(recipe, resolved, hub=True)
+    check_model_fit(recipe, resolved, hub=True)
     if hostfile is not None:  # before the run folder is made: a bad one leaves nothing behind
         from gspo_cli.train.engines.multinode import read_hostfile
 

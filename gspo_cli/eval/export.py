@@ -21,10 +21,11 @@ import shutil
 from pathlib import Path
 
 from gspo_cli.core.errors import GspoError
-from gspo_cli.eval.checkpoints import resolve_checkpoint, run_dtype
+from gspo_cli.eval.checkpoints import run_dtype
 from gspo_cli.models import load_policy
 from gspo_cli.models.loading import convert_first, quiet_deepspeed_on_cpu
 from gspo_cli.models.lora import is_adapter_folder
+from gspo_cli.models.run_checkpoints import resolve_checkpoint
 from gspo_cli.runs.folder import HF_CONFIG, remove_partial, staging
 
 TRAINER_FILES = ".pt"  # the suffix of every file of trainer state in a checkpoint

@@ -24,12 +24,13 @@ from gspo_cli.core.errors import GspoError
 from gspo_cli.data.benchmarks import build_prompt, load_benchmark
 from gspo_cli.data.problems import Problem
 from gspo_cli.data.prompts import IDENTITY, PromptFormat, PromptSettings
-from gspo_cli.eval.checkpoints import load_for_eval, resolve_checkpoint
+from gspo_cli.eval.checkpoints import load_for_eval
 from gspo_cli.eval.codeelo import load_standings_cache
 from gspo_cli.eval.generation import generate_and_judge
 from gspo_cli.eval.progress import EvalProgress
 from gspo_cli.eval.summary import codeforces_elo, summarize
 from gspo_cli.models.loading import convert_first
+from gspo_cli.models.run_checkpoints import resolve_checkpoint
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout.base import EngineSpec, RolloutEngine, SamplingParams
 from gspo_cli.rollout.engines import make_rollout_engine

@@ -19,6 +19,7 @@ from gspo_cli.data.sources import BENCHMARK_PREFIX, split_benchmark_source
 from gspo_cli.recipe.bounds import size_problems, warn_memory
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.recipe.section import looks_local
+from gspo_cli.runs.marker import is_run_folder
 
 BASE_KEY = "base"
 
@@ -57,6 +58,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     raw = load_recipe_dict(path)
     for override in overrides or []:
         apply_override(raw, override, str(path))
+    _teacher_run_to_checkpoint(raw, str(path))
     recipe = validate_recipe(raw, str(path))
     warn_memory(recipe)  # before anything is loaded: one line, not an error
     return recipe
@@ -132,6 +134,23 @@ def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     if isinstance(distill, dict) and isinstance(distill.get("teacher"), str):
         distill["teacher"] = resolve_model_path(distill["teacher"], folder)
     return data
+
+
+def _teacher_run_to_checkpoint(data: dict[str, Any], source: str) -> None:
+    """A distillation teacher named by its run folder becomes the run's latest checkpoint
+    (a LoRA run's adapters, merged into their base when loaded), as `gspo eval RUN` takes it;
+    the saved recipe names that checkpoint, so a resume uses the same teacher."""
+    algorithm = data.get("algorithm")
+    distill = algorithm.get("distill") if isinstance(algorithm, dict) else None
+    teacher = distill.get("teacher") if isinstance(distill, dict) else None
+    if not isinstance(teacher, str) or not is_run_folder(Path(teacher).expanduser()):
+        return
+    from gspo_cli.models.run_checkpoints import resolve_checkpoint  # loads transformers
+
+    try:
+        distill["teacher"] = resolve_checkpoint(teacher)  # type: ignore[index]
+    except GspoError as exc:
+        raise RecipeError(source, [f"algorithm.distill.teacher: {exc}"]) from None
 
 
 # Rewards whose `model` option may name a checkpoint folder (the judge's may also be a URL).

@@ -28,6 +28,7 @@ from gspo_cli.runs.folder import (
     CHECKPOINTS,
     COLD_START,
     HF_CONFIG,
+    LATEST,
     LOCK,
     METRICS,
     RECIPE,
@@ -62,6 +63,11 @@ def folder_kind(folder: Path) -> str | None:
     if (folder / SETTINGS).is_file() and names <= EVAL_FILES:
         return EVAL
     return None
+
+
+def is_run_folder(path: Path) -> bool:
+    """A folder a `gspo train` made (its marker, or a checkpoints/latest pointer)."""
+    return path.is_dir() and (folder_kind(path) == RUN or (path / CHECKPOINTS / LATEST).is_file())
 
 
 def _is_empty(folder: Path) -> bool:

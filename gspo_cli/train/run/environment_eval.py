@@ -12,8 +12,9 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from gspo_cli.eval.checkpoints import load_for_eval, resolve_checkpoint
+from gspo_cli.eval.checkpoints import load_for_eval
 from gspo_cli.models.loading import convert_first
+from gspo_cli.models.run_checkpoints import resolve_checkpoint
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.math_verifier import MathVerifierPool
 from gspo_cli.rollout.base import EngineSpec

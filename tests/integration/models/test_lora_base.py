@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from gspo_cli.models import create_builtin
+from gspo_cli.recipe import load_recipe
 from gspo_cli.runs.folder import GGUF_BASE
 from tests.support.helpers import invoke_cli, run_cli, write_recipe
 
@@ -147,3 +148,19 @@ def test_a_hub_id_base_is_digested_and_a_changed_or_missing_one_refused_on_resum
     (cache / "models--cached--tiny" / "refs" / "main").unlink()  # gone from the cache
     missing = run_cli("train", str(recipe), "--out", str(run), "--resume", env=env)
     _one_line(missing, "'cached/tiny' is not in the local hub cache", "cannot be checked")
+
+
+def test_a_lora_run_folder_as_teacher_is_its_latest_checkpoint(tmp_path: Path) -> None:
+    _, _, run = _local_base_run(tmp_path)
+    student = {"model": {"path": "builtin:tiny-dense"}, "trainer": {"steps": 1}}
+    distill = {"name": "gspo_token", "distill": {"teacher": str(run)}}
+    (tmp_path / "student").mkdir()
+    recipe = write_recipe(tmp_path / "student", {**student, "algorithm": distill})
+    validated = invoke_cli("validate", str(recipe))
+    assert validated.returncode == 0, validated.stderr
+    teacher = load_recipe(recipe).algorithm.distill
+    assert teacher is not None and teacher.teacher == str(run / "checkpoints" / "step_000001")
+    (run / "checkpoints" / "latest").unlink()
+    for folder in (run / "checkpoints").iterdir():  # a run stopped before its first save
+        folder.rename(tmp_path / folder.name)
+    _one_line(invoke_cli("validate", str(recipe)), "is a run folder with no checkpoint yet")
