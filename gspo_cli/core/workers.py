@@ -23,6 +23,10 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Set in a worker's environment (its pid): what the worker starts inherits it, in any session
+# or process group, so `kill_tagged` finds it after the group is gone (unless it cleared its
+# environment).
+WORKER_TAG = "GSPO_WORKER"
 
 
 def die_with_parent(parent_pid: int) -> bool:
@@ -53,14 +57,42 @@ def pool_worker_init(parent_pid: int) -> None:
     die_with_parent(parent_pid)
 
 
+def tag_descendants() -> None:
+    """Mark what this worker will start (WORKER_TAG=its pid in the environment)."""
+    os.environ[WORKER_TAG] = str(os.getpid())
+
+
+def kill_tagged(worker_pid: int) -> int:
+    """SIGKILL every process whose environment carries `worker_pid`'s tag (tag_descendants):
+    what the worker started, even in a session of its own (`setsid`, start_new_session) and
+    re-parented to init. How many were found."""
+    tag = f"{WORKER_TAG}={worker_pid}".encode()
+    found = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as file:
+                environ = file.read().split(b"\0")
+        except OSError:  # ended, or another user's
+            continue
+        if tag in environ:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                found += 1
+    return found
+
+
 def kill_group_when_gone() -> None:
     """Fork a watchdog that SIGKILLs this process's whole group (itself included) once this
     process has ended, however it ended: SIGKILLed with the trainer, killed after a timeout, or
     at a clean exit. What a user's code started (a `sleep`, a server) stays in the group, unless
     it left it (`setsid`), and is re-parented to init when its parent dies: only a process
     outside it can still end it. Call it in a process that leads its group (`os.setpgid(0, 0)`),
-    from the thread that lives as long as the process (the watchdog's "parent", as above)."""
+    from the thread that lives as long as the process (the watchdog's "parent", as above).
+    What left the group is found by its environment's tag (`kill_tagged`)."""
     leader = os.getpid()
+    tag_descendants()
     if os.fork() != 0:
         return
     try:  # the watchdog: wait for the leader's end, then end the group
@@ -70,6 +102,7 @@ def kill_group_when_gone() -> None:
         libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGUSR1), zero, zero, zero)
         if os.getppid() == leader:  # else gone already, between fork and prctl
             signal.sigwait({signal.SIGUSR1})
+        kill_tagged(leader)  # what left the group (a new session) first: the tag outlives it
         os.killpg(0, signal.SIGKILL)
     finally:
         os._exit(0)  # never back into the caller's code
@@ -88,10 +121,12 @@ def pool_pids(pool: ProcessPoolExecutor) -> list[int]:
 
 
 def kill_groups(pids: list[int]) -> None:
-    """SIGKILL the process groups these processes lead (`pool_worker_init` made each one)."""
+    """SIGKILL the process groups these processes lead (`pool_worker_init` made each one),
+    and what they started outside them (`kill_tagged`)."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):  # gone already
             os.killpg(pid, signal.SIGKILL)
+        kill_tagged(pid)
 
 
 def kill_pool(pool: ProcessPoolExecutor, groups: bool = False) -> None:

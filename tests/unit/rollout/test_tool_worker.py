@@ -68,22 +68,24 @@ def fail() -> str:
     raise ValueError("the reason comes first " + "and then a long tail " * 20)
 
 
-def sleeper(marker: str) -> int:
+def sleeper(marker: str, new_session: bool) -> int:
     """Start a sleep and return its pid.
 
     Args:
         marker: The sleep's argument.
+        new_session: Start it in a session of its own (out of the worker's process group).
     """
-    return subprocess.Popen(["sleep", marker]).pid
+    return subprocess.Popen(["sleep", marker], start_new_session=new_session).pid
 
 
 def sleep_and_spin(marker: str) -> str:
-    """Start a sleep, then never return.
+    """Start two sleeps, one in a session of its own, then never return.
 
     Args:
-        marker: The sleep's argument.
+        marker: The sleeps' argument.
     """
     subprocess.Popen(["sleep", marker])
+    subprocess.Popen(["sleep", marker], start_new_session=True)
     while True:
         pass
 '''
@@ -170,11 +172,14 @@ def test_an_error_keeps_its_type_and_message_head_when_cut(tools: ModuleType) ->
     toolbox.close()
 
 
-def test_what_a_tool_started_ends_with_its_trajectory(tools: ModuleType) -> None:
-    marker = "987661"
+@pytest.mark.parametrize(("new_session", "marker"), [(False, "987661"), (True, "987664")])
+def test_what_a_tool_started_ends_with_its_trajectory(
+    tools: ModuleType, new_session: bool, marker: str
+) -> None:
     toolbox = _toolbox(tools)
     try:
-        (started,) = toolbox.run([ToolCall("sleeper", {"marker": marker})])
+        call = ToolCall("sleeper", {"marker": marker, "new_session": new_session})
+        (started,) = toolbox.run([call])
         assert alive([int(started.text)]) == [int(started.text)]
         toolbox.close()
         assert wait_gone(marked(marker), timeout=30) == []
@@ -210,7 +215,8 @@ def test_ctrl_c_or_a_sigkill_ends_a_hung_tool_and_what_it_started(
         text=True,
     )
     try:
-        assert wait_for(lambda: marked(marker) or trainer.poll() is not None), "no sleep started"
+        started = wait_for(lambda: len(marked(marker)) == 2 or trainer.poll() is not None)
+        assert started, "the sleeps never started"
         assert marked(marker), trainer.communicate()[1][-2000:]
         trainer.send_signal(signum)
         _, stderr = trainer.communicate(timeout=60)  # not the tool's 600-s deadline
