@@ -78,5 +78,3 @@ def test_what_a_reward_started_in_its_own_session_ends_when_the_trainer_is_sigki
     finally:
         trainer.kill()
         _kill_all(marker)
-
-
