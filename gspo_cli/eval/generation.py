@@ -86,7 +86,8 @@ def _evaluate_batch(
     records = []
     for i, problem in enumerate(batch):
         texts = rollout.texts[i * k : (i + 1) * k]
-        verdicts = score_samples(problem, texts, math_pool=math_pool)
+        cut = rollout.truncated[i * k : (i + 1) * k]
+        verdicts = score_samples(problem, texts, math_pool=math_pool, truncated=cut)
         records.append(
             {
                 "id": problem.id,
@@ -98,7 +99,7 @@ def _evaluate_batch(
                 "answered": verdicts.answered,
                 **_form_fields(verdicts),
                 "lengths": [len(c) for c in rollout.completion_ids[i * k : (i + 1) * k]],
-                "truncated": rollout.truncated[i * k : (i + 1) * k],
+                "truncated": cut,
             }
         )
         if rollout.tool_traces is not None:  # rollout.tools: the calls each sample made

@@ -37,7 +37,10 @@ def score_samples(
     *,
     math_pool: MathVerifierPool,
     time_limit_s: float = 6.0,
+    truncated: list[bool] | None = None,
 ) -> SampleVerdicts:
+    """Each completion's verdicts; `truncated[i]`: completion i was cut at the token cap (its
+    answer in any form is then a box or a marker only: rewards/answer_forms.py)."""
     if problem.kind == "code":
         if problem.tests is None:
             raise ValueError(f"{problem.id}: a code problem without tests")
@@ -60,12 +63,13 @@ def score_samples(
         "no_answer" if a is None else "correct" if ok else "wrong"
         for a, ok in zip(answers, correct, strict=True)
     ]
-    found = [find_answer(c) for c in completions]
+    cut = truncated or [False] * len(completions)
+    found = [find_answer(c, t) for c, t in zip(completions, cut, strict=True)]
     return SampleVerdicts(
         correct,
         answers,
         verdicts,
         [answered(c, BOXED) for c in completions],
         [None if f is None else f.form for f in found],
-        any_form_correct(completions, golds, correct, math_pool),
+        any_form_correct(completions, golds, correct, math_pool, cut),
     )

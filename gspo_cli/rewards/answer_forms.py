@@ -75,8 +75,10 @@ def _marker_value(raw: str) -> str:
     return value
 
 
-def find_answer(completion: str) -> FoundAnswer | None:
-    """The final answer in the first form found (see the module's rules), or None."""
+def find_answer(completion: str, truncated: bool = False) -> FoundAnswer | None:
+    """The final answer in the first form found (see the module's rules), or None. A response
+    cut at the token cap (`truncated`) has no final number: a grader reads a box or a marker
+    in a cut response, never the last number it happened to reach."""
     content = last_boxed(completion)
     if content is not None and content.strip():
         return FoundAnswer(content.strip(), BOXED)
@@ -84,7 +86,7 @@ def find_answer(completion: str) -> FoundAnswer | None:
         value = _marker_value(completion[match.end() :])
         if value:
             return FoundAnswer(value, MARKER)
-    numbers = _NUMBER.findall(completion)
+    numbers = [] if truncated else _NUMBER.findall(completion)
     if numbers:
         return FoundAnswer(_number_text(numbers[-1]), NUMBER)
     return None
@@ -117,12 +119,18 @@ def _balanced(text: str) -> bool:
 
 
 def any_form_correct(
-    completions: list[str], golds: list[str], strict: list[bool], pool: MathVerifierPool
+    completions: list[str],
+    golds: list[str],
+    strict: list[bool],
+    pool: MathVerifierPool,
+    truncated: list[bool] | None = None,
 ) -> list[bool]:
     """Whether each completion's answer, in any form, equals its gold answer (Math-Verify on
     `\\boxed{answer}`). `strict[i]`: the maths reward's verdict on completion i, reused where
-    the answer found is that last box (the same check), so only other forms cost a check."""
-    found = [find_answer(c) for c in completions]
+    the answer found is that last box (the same check), so only other forms cost a check.
+    `truncated[i]`: completion i was cut at the cap (no final-number answer: find_answer)."""
+    cut = truncated or [False] * len(completions)
+    found = [find_answer(c, t) for c, t in zip(completions, cut, strict=True)]
     out = [f is not None and f.form == BOXED and ok for f, ok in zip(found, strict, strict=True)]
     # An unbalanced brace would end the wrapping box early: that answer cannot be read.
     todo = [

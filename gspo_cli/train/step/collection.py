@@ -133,7 +133,7 @@ def collect_groups(
             {**row, ENVIRONMENT_REWARD: trace.environment_reward}
             for row, trace in zip(response_rows, rollout.tool_traces, strict=True)
         ]
-    scores = reward(rollout.texts, response_rows, rollout.completion_ids)
+    scores = reward(rollout.texts, response_rows, rollout.completion_ids, rollout.truncated)
     lengths = torch.tensor([len(c) for c in rollout.completion_ids])  # [N]
     overlong = overlong_penalty(
         lengths, params.max_new_tokens, settings.overlong_buffer, settings.overlong_penalty

@@ -118,9 +118,11 @@ class WeightedRewards:
         completions: list[str],
         rows: list[dict[str, Any]],
         completion_ids: list[list[int]] | None = None,
+        truncated: list[bool] | None = None,
     ) -> RewardScores:
         """Totals, correctness and metrics for N completions (one row each); GspoError when a
-        function breaks its contract."""
+        function breaks its contract. `truncated[i]`: completion i was cut at the token cap
+        (read for the answer in any form only)."""
         n = len(completions)
         totals, correct = [0.0] * n, [0.0] * n
         metrics: dict[str, float] = {}
@@ -141,10 +143,16 @@ class WeightedRewards:
             raise GspoError(
                 f"reward: the weighted sum overflows at completion {bad} ({totals[bad]})"
             )
-        return RewardScores(totals, correct, metrics, *self._forms(completions, rows, correct))
+        return RewardScores(
+            totals, correct, metrics, *self._forms(completions, rows, correct, truncated)
+        )
 
     def _forms(
-        self, completions: list[str], rows: list[dict[str, Any]], correct: list[float]
+        self,
+        completions: list[str],
+        rows: list[dict[str, Any]],
+        correct: list[float],
+        truncated: list[bool] | None,
     ) -> tuple[list[float] | None, list[float] | None]:
         """(answered, correct in any form) of each completion, as far as they are measured."""
         if self.form is None:
@@ -154,7 +162,7 @@ class WeightedRewards:
             return shown, None
         golds = [str(row.get(ANSWER_COLUMN)) for row in rows]
         strict = [c >= 1.0 for c in correct]
-        right = any_form_correct(completions, golds, strict, self.math_pool)
+        right = any_form_correct(completions, golds, strict, self.math_pool, truncated)
         return shown, [1.0 if ok else 0.0 for ok in right]
 
     def _scores(

@@ -135,3 +135,16 @@ def test_score_samples_records_answered_and_ran_clean_for_code(pool: MathVerifie
     assert verdicts.answered == [True, True, True, True, False]
     assert verdicts.ran_clean == [True, True, False, False, False]
     assert verdicts.correct_any_form is None and verdicts.forms is None
+
+
+def test_a_cut_response_is_read_for_boxes_and_markers_only(pool: MathVerifierPool) -> None:
+    # cut at the cap mid-sentence: its last number is where the cap fell, not an answer
+    completions = ["so 3 + 4 = 7 and then 12", "Answer: 12. Now the next", "\\boxed{12} and 7"]
+    assert find_answer(completions[0], truncated=True) is None
+    assert find_answer(completions[0]) == FoundAnswer("12", NUMBER)
+    right = any_form_correct(completions, ["12"] * 3, [False, False, True], pool, [True] * 3)
+    assert right == [False, True, True]  # the marker and the box still count
+    problem = Problem(id="p", benchmark="b", kind="math", question="Q", answer="12")
+    verdicts = score_samples(problem, completions[:1], math_pool=pool, truncated=[True])
+    assert verdicts.correct_any_form == [False] and verdicts.forms == [None]
+    assert score_samples(problem, completions[:1], math_pool=pool).correct_any_form == [True]
