@@ -45,9 +45,11 @@ def _evaluate(path: str, benchmark: str, folder: Path, args: argparse.Namespace)
     command = [
         *GSPO, "eval", path, "--benchmark", benchmark, "--limit", str(args.limit),
         "--samples", str(args.samples), "--max-new-tokens", str(args.max_new_tokens),
-        "--data", str(args.data / benchmark), "--out", str(folder), "--resume",
+        "--data", str(args.data / benchmark), "--out", str(folder),
     ]  # fmt: skip
-    subprocess.run(command, check=True)  # --resume: done problems kept, other settings refused
+    if folder.is_dir() and any(folder.iterdir()):  # done problems kept, other settings refused
+        command.append("--resume")
+    subprocess.run(command, check=True)
     results: dict[str, Any] = json.loads((folder / RESULTS).read_text())
     results["per_problem"] = {}
     for line in (folder / SAMPLES).read_text().splitlines():

@@ -123,10 +123,10 @@ def run_eval(
             raise GspoError(f"--standings: {exc}") from None
     # a GGUF (or a LoRA checkpoint's GGUF base) converts or fails before `out` is touched
     convert_first(model_path, what="checkpoint")
-    if resume and not (out / SETTINGS).is_file():  # a mistyped --out would start afresh
+    if resume and not (out.is_dir() and any(out.iterdir())):  # a mistyped --out: not afresh
         raise GspoError(
-            f"--resume: {out} holds no evaluation (no {SETTINGS}); run without --resume to "
-            "start one"
+            f"--resume: {out} holds no evaluation (it is empty or missing); run without "
+            "--resume to start one"
         )
     with owned_folder(out, "gspo eval", EVAL):  # never among a user's own files
         done = _prepare_out(out, settings, resume)
