@@ -244,11 +244,14 @@ def export(
         str, typer.Argument(help="Run folder (its latest checkpoint) or checkpoint folder.")
     ],
     out: Annotated[Path, typer.Argument(help="New (or empty) folder for the HF checkpoint.")],
+    best: Annotated[
+        bool, typer.Option("--best", help="The run's best checkpoint by trainer.best_metric.")
+    ] = False,
 ) -> None:
     """Write a plain HF checkpoint that transformers loads alone (LoRA adapters merged in)."""
     from gspo_cli.eval.export import export_checkpoint
 
-    source = export_checkpoint(checkpoint, out)
+    source = export_checkpoint(checkpoint, out, best)
     console.print(f"exported {source} -> {out}", highlight=False)
 
 

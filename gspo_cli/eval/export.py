@@ -27,14 +27,19 @@ from gspo_cli.models.loading import convert_first, quiet_deepspeed_on_cpu
 from gspo_cli.models.lora import is_adapter_folder
 from gspo_cli.models.run_checkpoints import resolve_checkpoint
 from gspo_cli.runs.folder import HF_CONFIG, remove_partial, staging
+from gspo_cli.runs.marker import is_run_folder
+from gspo_cli.runs.retention import best_checkpoint
 
 TRAINER_FILES = ".pt"  # the suffix of every file of trainer state in a checkpoint
 
 
-def export_checkpoint(name: str, out: Path) -> Path:
-    """Write the plain HF checkpoint of `name` (a run folder: its latest checkpoint) to `out`;
-    returns the checkpoint folder it came from."""
-    source = Path(resolve_checkpoint(name))
+def export_checkpoint(name: str, out: Path, best: bool = False) -> Path:
+    """Write the plain HF checkpoint of `name` (a run folder: its latest checkpoint, or with
+    `best` its best by the run's trainer.best_metric) to `out`; returns the checkpoint folder
+    it came from."""
+    if best and not is_run_folder(Path(name).expanduser()):
+        raise GspoError(f"export --best: {name} is not a run folder")
+    source = best_checkpoint(Path(name)) if best else Path(resolve_checkpoint(name))
     if not source.is_dir():
         raise GspoError(f"export: {name} is not a checkpoint folder or run folder")
     if out.exists() and (not out.is_dir() or _has_files(out)):

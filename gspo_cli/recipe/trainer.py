@@ -66,7 +66,19 @@ class TrainerConfig(Section):
     seed: int = Field(0, description="Seed of sampling, initialisation and shuffling.")
     out_dir: str = Field("runs", description="Parent folder of run folders.")
     checkpoint_every: int = Field(50, ge=1, description="Save a checkpoint every N steps.")
-    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept (oldest removed).")
+    keep_checkpoints: int = Field(2, ge=1, description="The newest N checkpoints are kept.")
+    keep_best: int = Field(
+        0, ge=0, description="Besides them, the best N by `best_metric` (0: none kept for it)."
+    )
+    best_metric: str = Field(
+        "heldout_accuracy",
+        description="A metrics.jsonl name that ranks checkpoints (its value at their step; "
+        "heldout_accuracy is logged at held-out steps only).",
+    )
+    best_mode: Literal["max", "min"] = Field("max", description="Whether higher is better.")
+    keep_every: int = Field(
+        0, ge=0, description="Besides them, every checkpoint at a multiple of N steps (0: none)."
+    )
     log_samples: int = Field(2, ge=0, description="Completions written to samples.jsonl per step.")
     max_bad_updates: int = Field(
         3, ge=1, description="Non-finite (skipped) updates in a row before the run stops."

@@ -28,6 +28,7 @@ from gspo_cli.runs.folder import (
     write_error,
     write_text_atomic,
 )
+from gspo_cli.runs.retention import Retention, checkpoints, kept_by, metric_by_step
 from gspo_cli.train.engines.distributed import LOCAL, DistContext
 from gspo_cli.train.engines.torch_engine import TrainEngine
 
@@ -59,7 +60,7 @@ def save_checkpoint(
     engine: TrainEngine,
     tokenizer: PreTrainedTokenizerBase,
     state: dict[str, Any],
-    keep: int,
+    keep: Retention,
     ctx: DistContext = LOCAL,
     *,
     keep_before: int | None = None,
@@ -67,8 +68,9 @@ def save_checkpoint(
 ) -> Path:
     """Write checkpoint `step_NNNNNN` under `root` and point `latest` at it; prune old ones.
 
-    `keep` newest are kept, and besides them the newest at or before step `keep_before`: the
-    one a guard goes back to, which pruning must not take (step 0 included). `extra` writes
+    `keep` says which are kept (train/run/retention.py), and besides them the newest at or
+    before step `keep_before`: the one a guard goes back to, which pruning must not take (step
+    0 included). `extra` writes
     this rank's own files into the folder (asynchronous rollouts: the in-flight batches).
     Every rank calls this (DeepSpeed saves are collective); rank 0 writes the shared files.
     """
@@ -80,6 +82,9 @@ def save_checkpoint(
         )
     final = root / step_folder(step)
     tmp = root / staging(final.name)
+    short = ctx.all_gather(space_problem(root, final.name) if ctx.is_main else None)
+    if any(short):  # every rank stops: the save is collective
+        raise GspoError(next(p for p in short if p))
     if ctx.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         try:
@@ -105,10 +110,34 @@ def save_checkpoint(
     return final
 
 
-def _prune(root: Path, keep: int, keep_before: int | None) -> None:
+def space_problem(root: Path, name: str) -> str | None:
+    """The one line refusing a save the disk cannot hold, judged by the newest checkpoint's
+    size (a first save is not judged: a disk that fills during it is reported as full and the
+    half-written folder removed); None when it fits."""
+    previous = checkpoints(root)
+    if not previous:
+        return None
+    needed = sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file())
+    free = shutil.disk_usage(root).free
+    if free >= needed * 1.05:  # a margin: the next save may be a little larger
+        return None
+    return (
+        f"checkpoint {name} needs about {needed / 1024**3:.2f} GiB (as {previous[-1].name} "
+        f"took) and the disk of {root} has {free / 1024**3:.2f} GiB free: free some space, or "
+        f"keep fewer checkpoints (trainer.keep_checkpoints, keep_best, keep_every), then "
+        f"--resume ({kept(root)})"
+    )
+
+
+def _prune(root: Path, policy: Retention, keep_before: int | None) -> None:
+    """Delete the checkpoints `policy` does not keep (train/run/retention.py), never the one a
+    rollback after the next steps restores."""
     anchor = None if keep_before is None else checkpoint_at_or_before(root, keep_before)
-    for old in sorted(root.glob(STEP_GLOB))[:-keep]:
-        if old != anchor:
+    scores = metric_by_step(root.parent, policy.metric) if policy.best else {}
+    folders = checkpoints(root)
+    keep = kept_by(folders, policy, scores)
+    for old in folders:
+        if old not in keep and old != anchor:
             shutil.rmtree(old, ignore_errors=True)
 
 

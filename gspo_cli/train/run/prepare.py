@@ -36,6 +36,7 @@ from gspo_cli.runs.folder import (
     judge_cache_file,
     step_folder,
 )
+from gspo_cli.runs.retention import Retention
 from gspo_cli.train.async_rollouts.trainer import AsyncRollouts
 from gspo_cli.train.engines.adapters import (
     base_name,
@@ -132,7 +133,13 @@ class PreparedRun:
             self.engine,
             self.tokenizer,
             state,
-            trainer.keep_checkpoints,
+            Retention(
+                trainer.keep_checkpoints,
+                trainer.keep_best,
+                trainer.best_metric,
+                trainer.best_mode,
+                trainer.keep_every,
+            ),
             self.ctx,
             # what a rollback after the next steps restores must survive pruning
             keep_before=rollback_target(step + 1) if trainer.on_collapse == "rollback" else None,

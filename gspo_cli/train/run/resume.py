@@ -31,7 +31,8 @@ from gspo_cli.train.step.sampler import MixtureSampler
 RESUMABLE_CHANGES = (
     "optimizer.lr", "optimizer.schedule", "optimizer.warmup_steps", "optimizer.min_lr_ratio",
     "optimizer.max_grad_norm", "trainer.steps", "trainer.checkpoint_every",
-    "trainer.keep_checkpoints", "trainer.log_samples", "trainer.stop_grace_s",
+    "trainer.keep_checkpoints", "trainer.keep_best", "trainer.best_metric", "trainer.best_mode",
+    "trainer.keep_every", "trainer.log_samples", "trainer.stop_grace_s",
     "trainer.max_bad_updates", "trainer.on_collapse", "trainer.rollback_lr_factor",
     "trainer.max_rollbacks", "eval.every", "logging.", "rollout.max_staleness",
     "rollout.worker_threads", "rollout.worker_timeout_s",

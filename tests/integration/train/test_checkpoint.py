@@ -11,6 +11,7 @@ import torch
 from gspo_cli.core.errors import GspoError
 from gspo_cli.models import create_builtin
 from gspo_cli.recipe import Recipe
+from gspo_cli.runs.retention import Retention
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.schedule import lr_lambda
 from gspo_cli.train.engines.settings import engine_settings, optimizer_steps
@@ -41,7 +42,9 @@ def test_round_trip_restores_weights_optimizer_scheduler_rng_and_data_position(
     sampler.next(13)  # into the second epoch
     torch.manual_seed(5)
     random.seed(5)
-    save_checkpoint(tmp_path, 7, engine, tokenizer, {"sampler": sampler.state_dict()}, keep=2)
+    save_checkpoint(
+        tmp_path, 7, engine, tokenizer, {"sampler": sampler.state_dict()}, keep=Retention(2)
+    )
     expected_draws = (torch.rand(3), random.random(), sampler.next(4))
 
     folder = latest_checkpoint(tmp_path)
@@ -72,7 +75,7 @@ def test_round_trip_restores_weights_optimizer_scheduler_rng_and_data_position(
 
 def test_a_save_killed_midway_leaves_the_last_good_checkpoint(tmp_path: Path) -> None:
     engine, tokenizer = _trained_engine()
-    save_checkpoint(tmp_path, 1, engine, tokenizer, {}, keep=3)
+    save_checkpoint(tmp_path, 1, engine, tokenizer, {}, keep=Retention(3))
     half_written = tmp_path / ".step_000002.tmp"  # what a kill during the next save leaves
     half_written.mkdir()
     (half_written / "model.safetensors").write_bytes(b"partial")
@@ -84,13 +87,13 @@ def test_a_save_killed_midway_leaves_the_last_good_checkpoint(tmp_path: Path) ->
 def test_keep_prunes_oldest(tmp_path: Path) -> None:
     engine, tokenizer = _trained_engine()
     for step in (1, 2, 3):
-        save_checkpoint(tmp_path, step, engine, tokenizer, {}, keep=2)
+        save_checkpoint(tmp_path, step, engine, tokenizer, {}, keep=Retention(2))
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000002", "step_000003"]
 
 
 def test_corrupted_state_is_one_clear_error(tmp_path: Path) -> None:
     engine, tokenizer = _trained_engine()
-    folder = save_checkpoint(tmp_path, 1, engine, tokenizer, {}, keep=1)
+    folder = save_checkpoint(tmp_path, 1, engine, tokenizer, {}, keep=Retention(1))
     (folder / "trainer_state.pt").write_bytes(b"\x00not a checkpoint")
     with pytest.raises(GspoError, match="is corrupted"):
         load_trainer_state(folder)
@@ -105,7 +108,9 @@ def test_corrupted_state_is_one_clear_error(tmp_path: Path) -> None:
 def test_pruning_keeps_the_checkpoint_a_rollback_needs(tmp_path: Path) -> None:
     engine, tokenizer = _trained_engine()
     for step in range(6):  # checkpoint_every 1, keep 2, on_collapse rollback
-        save_checkpoint(tmp_path, step, engine, tokenizer, {}, keep=2, keep_before=step - 2)
+        save_checkpoint(
+            tmp_path, step, engine, tokenizer, {}, keep=Retention(2), keep_before=step - 2
+        )
     # a collapse found at step 6 goes back to step 3 or before: step_3 survived pruning
     assert sorted(p.name for p in tmp_path.glob("step_*")) == [
         "step_000003",
@@ -118,7 +123,7 @@ def test_a_restored_scheduler_takes_the_new_peak_learning_rate(tmp_path: Path) -
     """Resume with a changed optimizer.lr and schedule: load_state brings back the old peak
     (LambdaLR's base_lrs and the optimizer's lr); set_peak_lr must win, now and later."""
     engine, tokenizer = _trained_engine()  # lr 1e-6 (default), constant, 1 step taken
-    folder = save_checkpoint(tmp_path, 1, engine, tokenizer, {}, keep=1)
+    folder = save_checkpoint(tmp_path, 1, engine, tokenizer, {}, keep=Retention(1))
     new = Recipe.model_validate(
         {
             "optimizer": {"lr": 5e-4, "schedule": "linear", "warmup_steps": 0},

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from gspo_cli.core.errors import GspoError
 from gspo_cli.models import create_builtin
 from gspo_cli.recipe import Recipe, dump_recipe_yaml, load_recipe
+from gspo_cli.runs.retention import Retention
 from gspo_cli.train.engines.distributed import LOCAL
 from gspo_cli.train.engines.settings import engine_settings
 from gspo_cli.train.engines.torch_engine import TorchEngine
@@ -68,11 +69,11 @@ def test_a_non_finite_update_is_not_applied() -> None:
 def test_non_finite_weights_are_never_checkpointed(tmp_path: Path) -> None:
     model, tokenizer = create_builtin("tiny-dense", seed=0)
     engine = TorchEngine(model, engine_settings(Recipe()), LOCAL)
-    save_checkpoint(tmp_path, 1, engine, tokenizer, {"sampler": {}}, keep=2)
+    save_checkpoint(tmp_path, 1, engine, tokenizer, {"sampler": {}}, keep=Retention(2))
     with torch.no_grad():
         next(model.parameters()).fill_(float("inf"))
     with pytest.raises(GspoError, match=r"not finite.*last good one is .*step_000001"):
-        save_checkpoint(tmp_path, 2, engine, tokenizer, {"sampler": {}}, keep=2)
+        save_checkpoint(tmp_path, 2, engine, tokenizer, {"sampler": {}}, keep=Retention(2))
     assert (tmp_path / "latest").read_text() == "step_000001"
 
 

@@ -249,3 +249,13 @@ def test_the_expert_count_is_read_under_the_names_the_router_code_reads() -> Non
     for key in bounds.EXPERT_COUNT_KEYS:
         assert shape_from_config({key: 6}).experts == 6
     assert shape_from_config({"num_experts": 1}).experts == 0  # one expert is a dense block
+
+
+def test_keep_best_by_heldout_needs_checkpoints_at_heldout_steps() -> None:
+    from gspo_cli.recipe import Recipe
+
+    trainer = {"keep_best": 2, "checkpoint_every": 30}
+    with pytest.raises(ValueError, match=r"make trainer.checkpoint_every \(30\) a multiple"):
+        Recipe.model_validate({"trainer": trainer, "eval": {"every": 25}})
+    Recipe.model_validate({"trainer": {**trainer, "best_metric": "reward_mean"}})  # any step
+    Recipe.model_validate({"trainer": {**trainer, "checkpoint_every": 50}})
