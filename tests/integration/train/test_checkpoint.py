@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -117,6 +118,19 @@ def test_pruning_keeps_the_checkpoint_a_rollback_needs(tmp_path: Path) -> None:
         "step_000004",
         "step_000005",
     ]
+
+
+def test_pruning_keeps_the_best_by_the_runs_metrics_and_every_kth(tmp_path: Path) -> None:
+    engine, tokenizer = _trained_engine()
+    root, log = tmp_path / "checkpoints", tmp_path / "metrics.jsonl"
+    accuracy = [0.1, 0.6, 0.2, 0.3, 0.4, 0.5]
+    policy = Retention(last=1, best=1, every=4)
+    for step, value in enumerate(accuracy):
+        with log.open("a") as handle:  # the loop logs a step's metrics before its checkpoint
+            handle.write(json.dumps({"step": step, "heldout_accuracy": value}) + "\n")
+        save_checkpoint(root, step, engine, tokenizer, {}, keep=policy)
+    kept = sorted(p.name for p in root.glob("step_*"))
+    assert kept == ["step_000000", "step_000001", "step_000004", "step_000005"]
 
 
 def test_a_restored_scheduler_takes_the_new_peak_learning_rate(tmp_path: Path) -> None:
