@@ -489,6 +489,56 @@ def marked(marker: str) -> list[int]:
     return found
 
 
+@contextmanager
+def tool_module(
+    folder: Path, monkeypatch: Any, name: str, source: str, function: str
+) -> Iterator[Any]:
+    """`source` as module `name`, importable from `folder` and loaded as the tools are
+    (load_functions, by `function`), removed from sys.modules afterwards."""
+    import textwrap
+
+    from gspo_cli.rollout.tools.functions import load_functions
+
+    (folder / f"{name}.py").write_text(textwrap.dedent(source))
+    monkeypatch.syspath_prepend(str(folder))
+    module = load_functions((f"{name}:{function}",))[function].__module__
+    yield sys.modules[module]
+    sys.modules.pop(module)
+
+
+def kill_marked(marker: str) -> None:
+    """Leave no `marked` process behind, whatever a test found."""
+    for pid in marked(marker):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def survivors_of_sigkill(
+    argv: list[str], marker: str, cwd: Path, timeout: float = 300
+) -> list[int]:
+    """Start `argv` (a trainer); once a process holding `marker` runs, SIGKILL the trainer (no
+    cleanup runs in it) and return the marked processes still alive 30 s later (a bounded
+    wait, not a timed one). Nothing marked is left running afterwards."""
+    trainer = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while not marked(marker) and trainer.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marked(marker), f"nothing marked {marker} ever started"
+        trainer.kill()
+        trainer.wait()
+        return wait_gone(marked(marker), timeout=30)
+    finally:
+        trainer.kill()
+        kill_marked(marker)
+
+
 def wait_gone(pids: list[int], timeout: float = 60) -> list[int]:
     """The pids still alive once all have ended or `timeout` passed (not a timing assert)."""
     deadline = time.monotonic() + timeout

@@ -4,17 +4,19 @@ after the reward's timeout, at the run's normal end, and when the trainer is SIG
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.helpers import REPO, marked, run_cli, wait_gone, write_recipe
+from tests.support.helpers import (
+    kill_marked,
+    marked,
+    run_cli,
+    survivors_of_sigkill,
+    wait_gone,
+    write_recipe,
+)
 
 # argv[1] of `sleep`: unique to each test, so that other runs' sleeps are never counted
 REWARD = """
@@ -40,13 +42,6 @@ def _recipe(folder: Path, marker: str, sleep_s: float, timeout_s: float, steps: 
     )
 
 
-def _kill_all(marker: str) -> None:
-    """Leave nothing behind, whatever a test found."""
-    for pid in marked(marker):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
 def _gone(marker: str) -> list[int]:
     """The marked processes still alive after up to 30 s."""
     return wait_gone(marked(marker), timeout=30)
@@ -62,7 +57,7 @@ def test_what_a_reward_started_ends_with_it_after_its_timeout(tmp_path: Path) ->
         assert "no result within" in result.stderr
         assert _gone(marker) == []
     finally:
-        _kill_all(marker)
+        kill_marked(marker)
 
 
 @pytest.mark.slow
@@ -74,28 +69,12 @@ def test_what_a_reward_started_ends_with_the_run(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr[-2000:]
         assert _gone(marker) == []
     finally:
-        _kill_all(marker)
+        kill_marked(marker)
 
 
 @pytest.mark.slow
 def test_what_a_reward_started_ends_when_the_trainer_is_sigkilled(tmp_path: Path) -> None:
     marker = "987653"
     recipe = _recipe(tmp_path, marker, sleep_s=1000, timeout_s=100, steps=1)
-    trainer = subprocess.Popen(
-        [sys.executable, "-m", "gspo_cli.cli", "train", str(recipe), "--out", str(tmp_path / "r")],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while not marked(marker) and trainer.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert marked(marker), "the reward never started its sleep"
-        trainer.kill()  # SIGKILL: no cleanup runs in the trainer
-        trainer.wait()
-        assert _gone(marker) == []
-    finally:
-        trainer.kill()
-        _kill_all(marker)
+    train = [sys.executable, "-m", "gspo_cli.cli", "train", str(recipe)]
+    assert survivors_of_sigkill([*train, "--out", str(tmp_path / "r")], marker, tmp_path) == []

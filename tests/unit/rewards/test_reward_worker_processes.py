@@ -4,9 +4,6 @@ when the trainer is SIGKILLed (core/workers.py `kill_tagged`). Waits are bounded
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,19 +12,13 @@ import pytest
 
 from gspo_cli.rewards.contract import RewardTimeout
 from gspo_cli.rewards.worker import RewardWorker, WorkerFunction
-from tests.support.helpers import REPO, marked, wait_gone
+from tests.support.helpers import REPO, kill_marked, marked, survivors_of_sigkill, wait_gone
 
 
 def spawn_in_new_session(marker: str, sleep_s: float) -> list[float]:
     subprocess.Popen(["sleep", marker], start_new_session=True)
     time.sleep(sleep_s)
     return [1.0]
-
-
-def _kill_all(marker: str) -> None:
-    for pid in marked(marker):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize(("sleep_s", "marker"), [(0.0, "987671"), (30.0, "987672")])
@@ -46,7 +37,7 @@ def test_what_a_reward_started_in_its_own_session_ends_with_the_worker(
         assert wait_gone(marked(marker), timeout=30) == []
     finally:
         worker.close()
-        _kill_all(marker)
+        kill_marked(marker)
 
 
 TRAINER = """
@@ -59,22 +50,5 @@ RewardWorker([WorkerFunction(spawn_in_new_session, None)]).call(0, [{marker!r}, 
 
 
 def test_what_a_reward_started_in_its_own_session_ends_when_the_trainer_is_sigkilled() -> None:
-    marker = "987673"
-    trainer = subprocess.Popen(
-        [sys.executable, "-c", TRAINER.format(marker=marker)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not marked(marker) and trainer.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert marked(marker), "the reward never started its sleep"
-        trainer.kill()  # SIGKILL: no cleanup runs in the trainer
-        trainer.wait()
-        assert wait_gone(marked(marker), timeout=30) == []
-    finally:
-        trainer.kill()
-        _kill_all(marker)
+    argv = [sys.executable, "-c", TRAINER.format(marker="987673")]
+    assert survivors_of_sigkill(argv, "987673", REPO, timeout=120) == []

@@ -6,8 +6,6 @@ instead of raising (a bad call, an exception, a hung call)."""
 from __future__ import annotations
 
 import re
-import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -23,6 +21,7 @@ from gspo_cli.rollout.tools.build import make_tool_parts, tool_schemas_for
 from gspo_cli.rollout.tools.functions import load_environment, load_functions, tool_schemas
 from gspo_cli.rollout.tools.interpreter import CodeBlockFormat, PythonInterpreter
 from gspo_cli.rollout.tools.toolbox import FunctionToolbox
+from tests.support.helpers import tool_module
 
 MODULE = "gspo_test_tool_module"
 SOURCE = '''
@@ -158,12 +157,9 @@ class NeedsArgs:
 
 @pytest.fixture
 def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    """The example tool module, importable as MODULE; its gate opened at the end."""
-    (tmp_path / f"{MODULE}.py").write_text(textwrap.dedent(SOURCE))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = load_functions((f"{MODULE}:add",))["add"].__module__
-    yield sys.modules[module]
-    sys.modules.pop(module)
+    """The example tool module, importable as MODULE."""
+    with tool_module(tmp_path, monkeypatch, MODULE, SOURCE, "add") as module:
+        yield module
 
 
 def _calls(tools: ModuleType) -> list[str]:

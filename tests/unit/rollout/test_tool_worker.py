@@ -5,7 +5,6 @@ with Ctrl-C and with a SIGKILLed trainer. Waits are bounded, not timed."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -22,9 +21,8 @@ import pytest
 from gspo_cli.models.tokenizer import build_char_tokenizer
 from gspo_cli.rollout.tool_settings import ToolSettings
 from gspo_cli.rollout.tools.base import ToolCall
-from gspo_cli.rollout.tools.functions import load_functions
 from gspo_cli.rollout.tools.toolbox import FunctionToolbox
-from tests.support.helpers import REPO, alive, marked, wait_gone
+from tests.support.helpers import REPO, alive, kill_marked, marked, tool_module, wait_gone
 
 MODULE = "gspo_test_worker_tools"
 SOURCE = '''
@@ -94,22 +92,14 @@ NAMES = ("pid", "spin", "backtrack", "leave", "huge", "fail", "sleeper", "sleep_
 
 @pytest.fixture
 def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    (tmp_path / f"{MODULE}.py").write_text(textwrap.dedent(SOURCE))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = load_functions((f"{MODULE}:pid",))["pid"].__module__
-    yield sys.modules[module]
-    sys.modules.pop(module)
+    """The example tool module, importable as MODULE."""
+    with tool_module(tmp_path, monkeypatch, MODULE, SOURCE, "pid") as module:
+        yield module
 
 
 def _toolbox(tools: ModuleType, tokenizer: Any = None, **settings: Any) -> FunctionToolbox:
     functions = {name: getattr(tools, name) for name in NAMES}
     return FunctionToolbox(ToolSettings(**settings), tokenizer or build_char_tokenizer(), functions)
-
-
-def _kill_all(marker: str) -> None:
-    for pid in marked(marker):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("tool", ["spin", "backtrack"])
@@ -184,7 +174,7 @@ def test_what_a_tool_started_ends_with_its_trajectory(
         toolbox.close()
         assert wait_gone(marked(marker), timeout=30) == []
     finally:
-        _kill_all(marker)
+        kill_marked(marker)
 
 
 # the trainer's side of the pipe: the worker alone (no tokenizer, no transformers import)
@@ -225,7 +215,7 @@ def test_ctrl_c_or_a_sigkill_ends_a_hung_tool_and_what_it_started(
         assert wait_gone(marked(marker), timeout=30) == []
     finally:
         trainer.kill()
-        _kill_all(marker)
+        kill_marked(marker)
 
 
 def wait_for(condition: Any, timeout: float = 120) -> bool:
