@@ -19,14 +19,25 @@ import ctypes
 import os
 import shutil
 import signal
+import socket
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-# Set in a worker's environment (its pid): what the worker starts inherits it, in any session
-# or process group, so `kill_tagged` finds it after the group is gone (unless it cleared its
-# environment).
+PR_SET_CHILD_SUBREAPER = 36
+# Set in a worker's environment (its host and pid): what the worker starts with exec (a
+# subprocess) inherits it, in any session or process group, so `kill_tagged` finds it after the
+# group is gone (unless it cleared its environment). The host keeps two machines' pids apart.
 WORKER_TAG = "GSPO_WORKER"
+
+
+def become_subreaper() -> None:
+    """Orphans among this process's descendants come back to it, not to PID 1 (which, in a
+    container without an init, never reaps them); it must reap them."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        zero = ctypes.c_ulong(0)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), zero, zero, zero)
 
 
 def die_with_parent(parent_pid: int) -> bool:
@@ -57,16 +68,23 @@ def pool_worker_init(parent_pid: int) -> None:
     die_with_parent(parent_pid)
 
 
+def worker_tag(pid: int) -> str:
+    """The value of WORKER_TAG for worker `pid` on this host."""
+    return f"{socket.gethostname()}:{pid}"
+
+
 def tag_descendants() -> None:
-    """Mark what this worker will start (WORKER_TAG=its pid in the environment)."""
-    os.environ[WORKER_TAG] = str(os.getpid())
+    """Mark what this worker will start (WORKER_TAG, see above)."""
+    os.environ[WORKER_TAG] = worker_tag(os.getpid())
 
 
 def kill_tagged(worker_pid: int) -> int:
     """SIGKILL every process whose environment carries `worker_pid`'s tag (tag_descendants):
-    what the worker started, even in a session of its own (`setsid`, start_new_session) and
-    re-parented to init. How many were found."""
-    tag = f"{WORKER_TAG}={worker_pid}".encode()
+    what the worker started with exec, even in a session of its own (`setsid`,
+    start_new_session) and re-parented to init. How many were found. (A process forked
+    without exec shows its parent's first environment in /proc, not the tag: it stays in the
+    worker's process group unless it leaves it.)"""
+    tag = f"{WORKER_TAG}={worker_tag(worker_pid)}".encode()
     found = 0
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -83,7 +101,7 @@ def kill_tagged(worker_pid: int) -> int:
     return found
 
 
-def kill_group_when_gone() -> None:
+def kill_group_when_gone(tag: bool = True) -> None:
     """Fork a watchdog that SIGKILLs this process's whole group (itself included) once this
     process has ended, however it ended: SIGKILLed with the trainer, killed after a timeout, or
     at a clean exit. What a user's code started (a `sleep`, a server) stays in the group, unless
@@ -92,7 +110,8 @@ def kill_group_when_gone() -> None:
     from the thread that lives as long as the process (the watchdog's "parent", as above).
     What left the group is found by its environment's tag (`kill_tagged`)."""
     leader = os.getpid()
-    tag_descendants()
+    if tag:  # a worker's, not a launcher's (whose environment its ranks on other hosts share)
+        tag_descendants()
     if os.fork() != 0:
         return
     try:  # the watchdog: wait for the leader's end, then end the group
@@ -102,7 +121,8 @@ def kill_group_when_gone() -> None:
         libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGUSR1), zero, zero, zero)
         if os.getppid() == leader:  # else gone already, between fork and prctl
             signal.sigwait({signal.SIGUSR1})
-        kill_tagged(leader)  # what left the group (a new session) first: the tag outlives it
+        if tag:  # what left the group (a new session) first: the tag outlives it
+            kill_tagged(leader)
         os.killpg(0, signal.SIGKILL)
     finally:
         os._exit(0)  # never back into the caller's code

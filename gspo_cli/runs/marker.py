@@ -118,15 +118,15 @@ def owned_folder(folder: Path, command: str, kind: str, resume: bool = False) ->
         check_out_folder(folder, kind, resume)
     check_out_folder(folder, kind)
     made = not folder.exists()
-    try:
-        with one_writer(folder, command):
+    with one_writer(folder, command):
+        try:
             check_out_folder(folder, kind, resume)
             mark_folder(folder, kind)
             yield
-    except GspoError:  # a refusal (a launch check) before anything of the run was written
-        if made:
-            _remove_if_bare(folder)
-        raise
+        except GspoError:  # a refusal (a launch check) before anything of the run was written
+            if made:  # under the lock: no other writer can be using the folder
+                _remove_if_bare(folder)
+            raise
 
 
 def _remove_if_bare(folder: Path) -> None:

@@ -10,6 +10,7 @@ has none is not ranked; ties go to the later step), every checkpoint at a multip
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -27,6 +28,9 @@ class Retention:
     metric: str = "heldout_accuracy"
     mode: Literal["max", "min"] = "max"
     every: int = 0
+
+
+STEP_NAME = re.compile(r"step_(\d+)")
 
 
 def step_of(folder: Path) -> int:
@@ -64,7 +68,11 @@ def kept_by(folders: list[Path], policy: Retention, scores: dict[int, float]) ->
 
 
 def checkpoints(root: Path) -> list[Path]:
-    return sorted(root.glob(STEP_GLOB), key=step_of) if root.is_dir() else []
+    """The checkpoint folders under `root`, oldest first (a user's `step_5_copy` is none)."""
+    if not root.is_dir():
+        return []
+    found = [f for f in root.glob(STEP_GLOB) if f.is_dir() and STEP_NAME.fullmatch(f.name)]
+    return sorted(found, key=step_of)
 
 
 def best_checkpoint(run_dir: Path) -> Path:

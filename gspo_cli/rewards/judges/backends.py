@@ -23,6 +23,7 @@ import re
 import socket
 import threading
 import urllib.parse
+import urllib.request
 from collections import Counter
 from typing import Any
 
@@ -77,13 +78,32 @@ def builtin_score(name: str, completion: str, answer: Any) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+def _connection(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, str]:
+    """The connection for `url` and the path to request on it, through the environment's
+    proxy (HTTP_PROXY, HTTPS_PROXY, NO_PROXY) as urllib would take it."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        host, port = parts.hostname or "", parts.port
+    except ValueError:  # a port out of range
+        raise JudgeError(f"bad URL {url!r}") from None
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if not proxy or urllib.request.proxy_bypass(host):
+        return kind(host, port, timeout=timeout_s), path
+    via = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    if parts.scheme == "https":  # a tunnel through the proxy, TLS end to end
+        conn = kind(via.hostname or "", via.port, timeout=timeout_s)
+        conn.set_tunnel(host, port)
+        return conn, path
+    return http.client.HTTPConnection(via.hostname or "", via.port, timeout=timeout_s), url
+
+
 def _post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> bytes:
     """POST `body` to `url`; the answer's body. One deadline for the whole call: a timer
     shuts the socket down at `timeout_s`, so a server that trickles its answer a byte at a
     time is cut there too (a per-read timeout would wait for ever)."""
-    parts = urllib.parse.urlsplit(url)
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = kind(parts.hostname or "", parts.port, timeout=timeout_s)
+    conn, path = _connection(url, timeout_s)
     expired = threading.Event()
     sockets: list[socket.socket] = []  # the connected socket (the response keeps using it
     # after the connection object lets go of it)
@@ -101,7 +121,6 @@ def _post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> b
         sockets.append(conn.sock)
         if expired.is_set():  # the timer fired before the socket was there to cut
             raise TimeoutError
-        path = parts.path + (f"?{parts.query}" if parts.query else "")
         conn.request("POST", path, body, headers)
         response = conn.getresponse()
         payload = response.read(MAX_ANSWER_BYTES + 1)
@@ -116,7 +135,7 @@ def _post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> b
         conn.close()
     if expired.is_set():  # cut while the body was read: what came is not the whole answer
         raise JudgeError(f"no answer within timeout_s {timeout_s:g}s")
-    if response.status >= 400:
+    if response.status >= 300:  # a redirect is not followed: a POST must not be re-sent
         raise JudgeError(f"HTTP {response.status} {response.reason}")
     if len(payload) > MAX_ANSWER_BYTES:
         raise JudgeError(f"an answer over {MAX_ANSWER_BYTES // 1024**2} MB")

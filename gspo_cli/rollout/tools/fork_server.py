@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any
 
-from gspo_cli.core.workers import pool_worker_init
+from gspo_cli.core.workers import become_subreaper, pool_worker_init
 
 
 def _fork_worker(control: Connection, job_bytes: bytes, cache: dict[bytes, Any]) -> int:
@@ -38,32 +38,64 @@ def _fork_worker(control: Connection, job_bytes: bytes, cache: dict[bytes, Any])
         os.close(fd)
         raise
     target, setup = cache[job_bytes]
+    server = os.getpid()
     pid = os.fork()
     if pid == 0:  # the worker: it serves its pipe until the trainer closes it
         try:
             control.close()
-            target(os.getppid(), setup, Connection(fd))
+            target(server, setup, Connection(fd))
         finally:
             os._exit(0)
     os.close(fd)
     return pid
 
 
+def _reap_all(workers: set[int], ended: dict[int, int]) -> None:
+    """Reap every child that has ended (a subreaper: the workers' watchdogs come back here
+    when their worker dies), keeping a worker's exit code for its `reap`."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        if pid in workers:
+            ended[pid] = os.waitstatus_to_exitcode(status)
+
+
+def _reaped(pid: int, workers: set[int], ended: dict[int, int]) -> int:
+    """How worker `pid` ended (it was killed, or ended by itself)."""
+    workers.discard(pid)
+    if pid not in ended:
+        try:
+            _, status = os.waitpid(pid, 0)
+            ended[pid] = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:  # reaped already, its code not kept: not the tool's exit
+            return -9
+    return ended.pop(pid)
+
+
 def _serve_forks(parent_pid: int, control: Connection) -> None:
     pool_worker_init(parent_pid)  # die with the trainer, no Ctrl-C, a group of its own
+    become_subreaper()  # orphans of the workers (their watchdogs) are reaped here, not by PID 1
     cache: dict[bytes, Any] = {}  # the jobs it was sent, unpickled (imported) once
+    workers: set[int] = set()  # forked, not yet asked for by `reap`
+    ended: dict[int, int] = {}  # exit codes of workers reaped before their `reap` came
     while True:
         try:
             op, argument, path = control.recv()
         except EOFError:  # the trainer is done with tools
             return
+        _reap_all(workers, ended)
         try:
             if op == "fork":
                 sys.path[:] = path  # the trainer's, as it is now (a test adds folders)
-                control.send(("ok", _fork_worker(control, argument, cache)))
+                pid = _fork_worker(control, argument, cache)
+                workers.add(pid)
+                control.send(("ok", pid))
             else:  # "reap": the worker was killed or ended; how it ended
-                _, status = os.waitpid(argument, 0)
-                control.send(("ok", os.waitstatus_to_exitcode(status)))
+                control.send(("ok", _reaped(argument, workers, ended)))
         except Exception as exc:  # an import the worker needs failed: the trainer says so
             control.send(("error", f"{type(exc).__name__}: {exc}"))
 
@@ -75,6 +107,7 @@ class ForkServer:
         self._lock = threading.Lock()  # one request at a time on the control pipe
         self._control: Connection | None = None
         self._pid = 0
+        self.generation = 0  # which server: a worker of an earlier one died with it
 
     def _request(self, op: str, argument: Any, handle: int | None = None) -> Any:
         """The server's answer; ConnectionError when the server is gone (the next request
@@ -102,11 +135,17 @@ class ForkServer:
 
     def _start(self) -> None:
         context = mp.get_context("spawn")  # a fresh interpreter: small to fork
-        self._control, theirs = context.Pipe()
+        ours, theirs = context.Pipe()
         process = context.Process(target=_serve_forks, args=(os.getpid(), theirs))
-        process.start()
-        theirs.close()
-        self._pid = process.pid or 0
+        try:
+            process.start()
+        except OSError as exc:  # no process to be had (EAGAIN: the pids limit)
+            ours.close()
+            raise ConnectionError(f"the tools' fork server cannot start ({exc})") from None
+        finally:
+            theirs.close()
+        self._control, self._pid = ours, process.pid or 0
+        self.generation += 1
 
     def fork(self, job_bytes: bytes, worker_end: Connection) -> int:
         """A new worker serving `worker_end` (`job_bytes`: a pickled `(target, setup)`, see

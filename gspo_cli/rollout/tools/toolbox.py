@@ -54,7 +54,9 @@ def _gone(what: str, gone: ToolProcessGone, timeout_s: float) -> str:
     if gone.timed_out:
         return f"TimeoutError: {what} ran past {timeout_s:g} s"
     code = gone.exit_code
-    how = f"exit code {code}" if code is not None and code >= 0 else f"signal {-(code or 0)}"
+    if code is None:  # its fork server is gone too: how it ended is not known
+        return f"ProcessExit: {what}: its process is gone"
+    how = f"exit code {code}" if code >= 0 else f"signal {-code}"
     return f"ProcessExit: {what} ended its process ({how})"
 
 

@@ -22,6 +22,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -121,18 +122,25 @@ class ToolWorker:
     def __init__(self, setup: ToolSetup) -> None:
         self.setup = setup
         self._pid = 0  # 0: not started, or ended
+        self._generation = 0  # the fork server's that forked it
         self._conn: Connection | None = None
+        self._closed = False  # closed by its trajectory: no new worker is forked
+        self._lock = threading.Lock()  # a close from another thread while a call starts
 
     def request(self, op: Op, name: str, kwargs: Mapping[str, Any], timeout_s: float) -> Reply:
         """The reply to one request; ToolProcessGone when none came within `timeout_s`
         (the worker is then killed) or the worker died (an exit, a crash in C)."""
-        if self._conn is None:
-            self._start()
-        assert self._conn is not None
+        with self._lock:
+            if self._closed:
+                raise ToolProcessGone(False, None)
+            if self._conn is None:
+                self._start()
+            conn = self._conn
+        assert conn is not None
         try:
-            self._conn.send((op, name, dict(kwargs)))
-            if self._conn.poll(timeout_s):
-                reply: Reply = self._conn.recv()
+            conn.send((op, name, dict(kwargs)))
+            if conn.poll(timeout_s):
+                reply: Reply = conn.recv()
                 return reply
             timed_out = True
         except (EOFError, OSError):  # the worker is gone (its end of the pipe closed)
@@ -151,9 +159,12 @@ class ToolWorker:
                 f"rollout.tools: the tools cannot reach their process ({exc})"
             ) from None
         ours, theirs = mp.Pipe()
+        server = fork_server()
         try:
-            self._pid = fork_server().fork(job, theirs)
+            self._pid = server.fork(job, theirs)
+            self._generation = server.generation
         except ConnectionError:
+            ours.close()
             raise ToolProcessGone(False, None) from None
         except RuntimeError as exc:  # the server could not import the tools
             raise GspoError(f"rollout.tools: the tools' process failed to start ({exc})") from None
@@ -162,18 +173,21 @@ class ToolWorker:
         self._conn = ours
 
     def close(self) -> int | None:
-        """End the worker and what it started; how it ended (its exit code, negative: the
-        signal's; None when that is unknown)."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-        if not self._pid:
-            return None
-        pid, self._pid = self._pid, 0
+        """End the worker and what it started, for good (no later request forks another);
+        how it ended (its exit code, negative: the signal's; None when that is unknown)."""
+        with self._lock:
+            self._closed = True
+            conn, self._conn = self._conn, None
+            pid, self._pid = self._pid, 0
+        if conn is not None:
+            conn.close()
+        server = fork_server()
+        if not pid or server.generation != self._generation:
+            return None  # never started, or died with its server (its pid may be another's)
         kill_groups([pid])  # a zombie keeps the status it exited with
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)  # not yet its group's leader (killed right after the fork)
         try:
-            return fork_server().reap(pid)
+            return server.reap(pid)
         except (ConnectionError, RuntimeError):  # the server (and so the worker) is gone
             return None

@@ -129,7 +129,7 @@ def end_with_connection() -> None:
 
 
 def main(argv: list[str]) -> int:
-    kill_group_when_gone()  # this process leads its group (launch.py starts it so)
+    kill_group_when_gone(tag=False)  # this process leads its group (launch.py starts it so)
     from deepspeed.launcher import runner
 
     runner.EXPORT_ENVS.extend(EXPORTED)  # read when main() builds the exports

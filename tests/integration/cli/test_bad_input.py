@@ -314,7 +314,7 @@ CHAT_TEMPLATE_TOOLS = {
                 "deepspeed": {"zero_stage": 2, "expert_parallel": 3},
             },
             ["--nproc", "3"],
-            "deepspeed.expert_parallel (3) must divide the model's expert count (8,",
+            "deepspeed.expert_parallel (3) must divide the model's expert count (8): builtin:tiny",
         ),
         (  # the built-in ChatML renders no tool calls
             {"rollout": {"max_new_tokens": 128, "tools": CHAT_TEMPLATE_TOOLS}},
