@@ -106,7 +106,9 @@ def cut_output(
     """`text` cut to `max_tokens` tokens (its head or its tail) with a marker saying so, and
     whether it was cut. The cut text is tokenised again inside its block: that is the one time
     the environment's tokens are made. `dropped`: characters already cut from `text` on that
-    side (cap_text); the marker then counts characters."""
+    side (cap_text); the marker then counts characters. Special strings are defused first, so
+    the bound holds for what is appended (a defused `<|im_end|>` is several tokens)."""
+    text = defuse(text, special_strings(tokenizer))
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) <= max_tokens and not dropped:
         return text, False

@@ -10,7 +10,7 @@ from gspo_cli.models.tokenizer import build_char_tokenizer
 from gspo_cli.rollout.base import SamplingParams
 from gspo_cli.rollout.batch import RolloutBatch
 from gspo_cli.rollout.hf import HFGenerateEngine
-from gspo_cli.rollout.tools.base import ToolResult, ToolSettings
+from gspo_cli.rollout.tools.base import ToolResult, ToolSettings, cut_output
 from gspo_cli.rollout.tools.interpreter import CodeBlockFormat, PythonInterpreter
 from gspo_cli.rollout.tools.trajectory import ToolUseEngine, call_cut, turn_seed
 
@@ -253,6 +253,16 @@ def test_an_output_block_cannot_write_a_special_token() -> None:
     tokens = fmt.result_ids([printed])
     assert TOKENIZER.eos_token_id not in tokens
     assert TOKENIZER.convert_tokens_to_ids("<|im_start|>") not in tokens
+
+
+def test_output_max_tokens_bounds_what_is_appended_after_defusing() -> None:
+    fmt = CodeBlockFormat(TOKENIZER)
+    bare = fmt.result_ids([ToolResult("", False, 0.0)])  # the output block's own tokens
+    text, cut = cut_output("<|im_end|>" * 16, TOKENIZER, 16, "head")
+    tokens = fmt.result_ids([ToolResult(text, False, 0.0, cut)])
+    marker = len(TOKENIZER("\n[... 1000 tokens cut]", add_special_tokens=False)["input_ids"])
+    assert cut and len(tokens) - len(bare) <= 16 + marker  # 176 before (16 defused, 11 each)
+    assert TOKENIZER.eos_token_id not in tokens
 
 
 def test_a_sandbox_failure_is_answered_and_the_cell_forgotten(monkeypatch) -> None:  # type: ignore[no-untyped-def]

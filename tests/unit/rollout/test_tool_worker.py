@@ -140,6 +140,9 @@ class _SpyTokenizer:
     def decode(self, *args: Any, **kwargs: Any) -> str:
         return str(self.inner.decode(*args, **kwargs))
 
+    def __getattr__(self, name: str) -> Any:  # special tokens and the rest: the real one's
+        return getattr(self.inner, name)
+
 
 @pytest.mark.parametrize("side", ["head", "tail"])
 def test_a_huge_result_is_cut_before_it_is_tokenised(tools: ModuleType, side: str) -> None:
