@@ -7,12 +7,12 @@ shipped) is evaluated on the first `--limit` problems of each benchmark (the cop
 interrupted comparison picks up where it stopped, a finished one is not sampled again, and other
 settings for the same folder are refused), one after the other. Then a markdown table:
 strict accuracy (avg@k: the last \\boxed{} right), answered (an answer in that form) and right in
-any form, each with its 95% bootstrap interval over problems; the share of responses cut at the
-cap, and right in any form counting only responses that ended (the final-number rule reads the
-last number of whatever text there is, and a response cut mid-sentence can end on the answer by
-chance); and each checkpoint's difference from the first one in right in any form, paired by
-problem (95% bootstrap interval of the mean per-problem difference). Written to
-DIR/no_regression.md.
+any form, each with its 95% bootstrap interval over problems (a response cut at the cap is read
+for a box or an answer marker only, never its last number: rewards/answer_forms.py); the share
+of responses cut at the cap, and right in any form counting only responses that ended (a check
+for a sceptic: what a cut response's box or marker adds); and each checkpoint's difference from
+the first one in right in any form, paired by problem (95% bootstrap interval of the mean
+per-problem difference). Written to DIR/no_regression.md.
 
     .venv/bin/python benchmarks/no_regression.py DIR base=builtin:smollm2-135m \\
         full=runs/real-slips/smollm2-slips-s1 [--benchmarks gsm8k,math500] [--limit 200] \\

@@ -14,7 +14,7 @@ import pytest
 from gspo_cli.core.errors import GspoError
 from gspo_cli.models import create_builtin, gguf
 from gspo_cli.models.loading import load_policy
-from gspo_cli.runs.folder import GGUF_BASE, RUN_MARKER
+from gspo_cli.runs.folder import GGUF_BASE
 from tests.support.helpers import invoke_cli, write_recipe
 
 
@@ -175,7 +175,7 @@ def test_a_truncated_gguf_is_refused_before_anything_is_written(
     recipe = write_recipe(tmp_path, {"model": {"path": str(cut)}})
     out = tmp_path / "run"
     _one_line(invoke_cli(command, str(recipe), "--out", str(out)), "cut.gguf is truncated")
-    assert list(out.iterdir()) == [out / RUN_MARKER]  # the lock took the folder; no recipe
+    assert not out.exists()  # refused: not even the marked folder is left
 
 
 def test_a_file_that_is_not_gguf_is_named(tmp_path: Path, shared: Path) -> None:
