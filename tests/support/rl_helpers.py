@@ -61,7 +61,11 @@ class LengthParityReward:
     """A deterministic reward that varies within groups, so every group carries signal."""
 
     def __call__(
-        self, completions: list[str], rows: list[dict[str, Any]], completion_ids: Any = None
+        self,
+        completions: list[str],
+        rows: list[dict[str, Any]],
+        completion_ids: Any = None,
+        truncated: Any = None,
     ) -> RewardScores:
         scores = [float(len(c) % 2) for c in completions]
         return RewardScores(scores, scores, {})

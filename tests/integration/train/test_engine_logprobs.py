@@ -34,7 +34,11 @@ class ParityReward:
     """Varies within every group, so every row carries a signal."""
 
     def __call__(
-        self, completions: list[str], rows: list[dict[str, Any]], completion_ids: Any = None
+        self,
+        completions: list[str],
+        rows: list[dict[str, Any]],
+        completion_ids: Any = None,
+        truncated: Any = None,
     ) -> RewardScores:
         scores = [float(i % 2) for i in range(len(completions))]
         return RewardScores(scores, scores, {})

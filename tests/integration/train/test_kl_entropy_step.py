@@ -46,7 +46,11 @@ class FixedReward:
         self.values = values
 
     def __call__(
-        self, completions: list[str], rows: list[dict[str, Any]], completion_ids: Any = None
+        self,
+        completions: list[str],
+        rows: list[dict[str, Any]],
+        completion_ids: Any = None,
+        truncated: Any = None,
     ) -> RewardScores:
         return RewardScores(list(self.values), [float(v > 0) for v in self.values], {})
 

@@ -27,7 +27,11 @@ ROWS = [{"prompt": "p", "answer": a} for a in ("all", "parity", "all", "parity")
 
 class HalfSolvedReward:
     def __call__(
-        self, completions: list[str], rows: list[dict[str, Any]], completion_ids: Any = None
+        self,
+        completions: list[str],
+        rows: list[dict[str, Any]],
+        completion_ids: Any = None,
+        truncated: Any = None,
     ) -> RewardScores:
         # "parity" rows alternate 0 / 1 by position: their groups always carry a signal
         scores = [
@@ -191,7 +195,11 @@ def test_a_token_budget_with_shared_prompts_leaves_the_update_unchanged() -> Non
 def test_a_step_without_signal_still_steps_the_optimiser_the_same_way() -> None:
     class Solved(HalfSolvedReward):
         def __call__(
-            self, completions: list[str], rows: list[dict[str, Any]], completion_ids: Any = None
+            self,
+            completions: list[str],
+            rows: list[dict[str, Any]],
+            completion_ids: Any = None,
+            truncated: Any = None,
         ) -> RewardScores:
             return super().__call__(completions, [{"answer": "all"}] * len(rows))
 

@@ -70,7 +70,11 @@ class SomeUniformReward:
         self.uniform = uniform
 
     def __call__(
-        self, completions: list[str], rows: list[dict[str, Any]], completion_ids: Any = None
+        self,
+        completions: list[str],
+        rows: list[dict[str, Any]],
+        completion_ids: Any = None,
+        truncated: Any = None,
     ) -> RewardScores:
         scores = [
             1.0 if row["id"] in self.uniform else float(int(text.split(":")[2]) % 2)

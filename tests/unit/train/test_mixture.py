@@ -92,7 +92,11 @@ class SampleIndexReward:
     """Sample j of a group scores j (mixed groups); rows with `flat` score 1 throughout."""
 
     def __call__(
-        self, completions: list[str], rows: list[dict[str, Any]], completion_ids: Any = None
+        self,
+        completions: list[str],
+        rows: list[dict[str, Any]],
+        completion_ids: Any = None,
+        truncated: Any = None,
     ) -> RewardScores:
         scores = [
             1.0 if row.get("flat") else float(text.split(":")[2])
