@@ -5,28 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gspo_cli.models import load_policy
 from gspo_cli.models.lora import is_adapter_folder
-from gspo_cli.runs.folder import (
-    CHECKPOINTS,
-    RECIPE,
-)
+from gspo_cli.runs.folder import CHECKPOINTS, saved_recipe_section
 
 
 def run_dtype(checkpoint: Path) -> str:
     """The dtype the run of `checkpoint` trained in (its recipe.yaml's model.dtype): the base
     of its LoRA adapters is loaded in it, as the run held it; float32 when unknown."""
-    recipe = checkpoint.parent.parent / RECIPE
-    if checkpoint.parent.name != CHECKPOINTS or not recipe.is_file():
+    if checkpoint.parent.name != CHECKPOINTS:
         return "float32"
-    try:
-        data = yaml.safe_load(recipe.read_text(encoding="utf-8"))
-        dtype = data["model"]["dtype"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
-        return "float32"
+    dtype = saved_recipe_section(checkpoint.parent.parent, "model").get("dtype")
     return dtype if dtype in ("float32", "bfloat16") else "float32"
 
 

@@ -55,6 +55,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from gspo_cli.core.errors import GspoError
 
 if TYPE_CHECKING:
@@ -144,6 +146,16 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any] | None]]:
         except json.JSONDecodeError:
             obj = None
         yield number, obj if isinstance(obj, dict) else None
+
+
+def saved_recipe_section(run_dir: Path, name: str) -> dict[str, Any]:
+    """Section `name` of the run's saved recipe.yaml; {} when it cannot be read."""
+    try:
+        saved = yaml.safe_load((run_dir / RECIPE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    section = saved.get(name) if isinstance(saved, dict) else None
+    return section if isinstance(section, dict) else {}
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -13,12 +13,16 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import yaml
+from typing import Literal
 
 from gspo_cli.core.errors import GspoError
-from gspo_cli.runs.folder import CHECKPOINTS, METRICS, RECIPE, STEP_GLOB, read_jsonl
+from gspo_cli.runs.folder import (
+    CHECKPOINTS,
+    METRICS,
+    STEP_GLOB,
+    read_jsonl,
+    saved_recipe_section,
+)
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,7 @@ def checkpoints(root: Path) -> list[Path]:
 def best_checkpoint(run_dir: Path) -> Path:
     """The run's best kept checkpoint by its recipe's `trainer.best_metric` and `best_mode`
     (GspoError, one line, when none of its checkpoints has that metric at its step)."""
-    trainer = _saved_trainer(run_dir)
+    trainer = saved_recipe_section(run_dir, "trainer")
     metric = str(trainer.get("best_metric", "heldout_accuracy"))
     mode = "min" if trainer.get("best_mode") == "min" else "max"
     folders = checkpoints(run_dir / CHECKPOINTS)
@@ -93,13 +97,3 @@ def best_checkpoint(run_dir: Path) -> Path:
             "eval.every steps)"
         )
     return best[0]
-
-
-def _saved_trainer(run_dir: Path) -> dict[str, Any]:
-    """The `trainer` section of the run's saved recipe.yaml ({} when unreadable: defaults)."""
-    try:
-        saved = yaml.safe_load((run_dir / RECIPE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return {}
-    trainer = saved.get("trainer") if isinstance(saved, dict) else None
-    return trainer if isinstance(trainer, dict) else {}

@@ -28,7 +28,7 @@ from gspo_cli.runs.folder import (
     write_error,
     write_text_atomic,
 )
-from gspo_cli.runs.retention import Retention, checkpoints, kept_by, metric_by_step
+from gspo_cli.runs.retention import Retention, checkpoints, kept_by, metric_by_step, step_of
 from gspo_cli.train.engines.distributed import LOCAL, DistContext
 from gspo_cli.train.engines.torch_engine import TrainEngine
 
@@ -68,10 +68,10 @@ def save_checkpoint(
 ) -> Path:
     """Write checkpoint `step_NNNNNN` under `root` and point `latest` at it; prune old ones.
 
-    `keep` says which are kept (train/run/retention.py), and besides them the newest at or
-    before step `keep_before`: the one a guard goes back to, which pruning must not take (step
-    0 included). `extra` writes
-    this rank's own files into the folder (asynchronous rollouts: the in-flight batches).
+    `keep` says which are kept (runs/retention.py), and besides them the newest at or before
+    step `keep_before`: the one a guard goes back to, which pruning must not take (step 0
+    included). `extra` writes this rank's own files into the folder (asynchronous rollouts:
+    the in-flight batches).
     Every rank calls this (DeepSpeed saves are collective); rank 0 writes the shared files.
     """
     if not engine.weights_finite():  # never let a broken state become `latest`
@@ -192,19 +192,15 @@ def load_trainer_state(folder: Path) -> dict[str, Any]:
 
 def checkpoint_at_or_before(root: Path, step: int) -> Path | None:
     """The newest complete checkpoint folder of a step <= `step`, or None."""
-    found = []
-    for folder in root.glob(STEP_GLOB):
-        number = folder.name.removeprefix("step_")
-        if number.isdigit() and int(number) <= step and (folder / TRAINER_STATE).is_file():
-            found.append((int(number), folder))
-    return max(found)[1] if found else None
+    found = [f for f in checkpoints(root) if step_of(f) <= step and (f / TRAINER_STATE).is_file()]
+    return found[-1] if found else None  # checkpoints(): oldest first
 
 
 def roll_back_to(root: Path, folder: Path, ctx: DistContext = LOCAL) -> None:
     """Make `folder` the latest checkpoint again: newer ones hold the abandoned trajectory."""
     if ctx.is_main:
         write_text_atomic(root / LATEST, folder.name)
-        for newer in root.glob(STEP_GLOB):
-            if newer.name > folder.name:
+        for newer in checkpoints(root):
+            if step_of(newer) > step_of(folder):
                 shutil.rmtree(newer, ignore_errors=True)
     ctx.barrier()

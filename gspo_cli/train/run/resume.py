@@ -19,7 +19,14 @@ from rich.console import Console
 from gspo_cli.core.errors import GspoError
 from gspo_cli.models.loading import check_base_digest
 from gspo_cli.recipe.schema import Recipe
-from gspo_cli.runs.folder import CHECKPOINTS, COLD_START, HF_CONFIG, LATEST, RECIPE
+from gspo_cli.runs.folder import (
+    CHECKPOINTS,
+    COLD_START,
+    HF_CONFIG,
+    LATEST,
+    RECIPE,
+    saved_recipe_section,
+)
 from gspo_cli.train.engines.distributed import DistContext
 from gspo_cli.train.engines.torch_engine import FrozenPolicy, TrainEngine
 from gspo_cli.train.run.checkpoint import latest_checkpoint
@@ -173,8 +180,4 @@ def check_resumed_base(recipe: Recipe, run_dir: Path) -> None:
 
 def _saved_model_path(run_dir: Path) -> Any:
     """The run's model.path as its recipe.yaml saved it; None when that cannot be read."""
-    try:
-        saved = yaml.safe_load((run_dir / RECIPE).read_text(encoding="utf-8"))
-        return saved["model"]["path"]
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
-        return None
+    return saved_recipe_section(run_dir, "model").get("path")
