@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from gspo_cli.recipe.reward import RewardFunctionConfig
 from gspo_cli.recipe.rollout import ToolsConfig
@@ -60,6 +60,12 @@ class EnvironmentEvalConfig(Section):
 
 class EnvironmentConfig(Section):
     name: str = Field(description="Unique name: metrics are env/NAME/...")
+    id: str | None = Field(
+        None,
+        description="An environment the ecosystem wrote, run unchanged: 'openenv:module:app' "
+        "(an OpenEnv app gspo serves) or 'openenv:http://host:port' (a running server). Its "
+        "action is the tool `step` and its rewards are the reward (docs/environments.md).",
+    )
     weight: float = Field(
         1.0,
         ge=0,
@@ -109,6 +115,42 @@ class EnvironmentConfig(Section):
                 f"environment name {name!r}: letters, digits, '_', '.', '-' (it names metrics)"
             )
         return name
+
+    @field_validator("id")
+    @classmethod
+    def _known_kind(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        kind, _, target = value.partition(":")
+        if kind == "openenv" and target:
+            return value
+        if kind == "verifiers":
+            raise ValueError(
+                f"id {value!r}: verifiers environments are not supported yet (verifiers 0.4.0 "
+                "runs its own agents through an OpenAI-style server; docs/environments.md)"
+            )
+        raise ValueError(f"id {value!r}: write openenv:module:app or openenv:http://host:port")
+
+    @model_validator(mode="after")
+    def _one_openenv(self) -> EnvironmentConfig:
+        if self.id is not None and self.tools is not None and self.tools.openenv is not None:
+            raise ValueError("id and tools.openenv both name a server: keep the id")
+        return self
+
+    def tool_keys(self) -> dict[str, Any] | None:
+        """Its `rollout.tools` as written by hand: its `tools`, and what its `id` implies (the
+        server's action as the one tool, in the chat template's calls)."""
+        given = None if self.tools is None else self.tools.model_dump(exclude_unset=True)
+        if self.id is None:
+            return given
+        target = self.id.partition(":")[2]
+        return {"format": "chat_template", "interpreter": None, **(given or {}), "openenv": target}
+
+    def reward_keys(self) -> list[dict[str, Any]] | None:
+        """Its reward functions as written; with an `id` and none written, the environment's."""
+        if self.reward is not None:
+            return [f.model_dump(exclude_unset=True) for f in self.reward]
+        return None if self.id is None else [{"name": "environment"}]
 
     @field_validator("data")
     @classmethod

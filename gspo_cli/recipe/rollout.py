@@ -70,6 +70,12 @@ class ToolsConfig(Section):
         description="'module:Class': one instance per trajectory; reset(), public methods as "
         "tools, optional get_reward().",
     )
+    openenv: str | None = Field(
+        TOOL_DEFAULTS.openenv,
+        description="An OpenEnv environment (openenv-core): 'module:app' (gspo starts the "
+        "server) or a server's URL; its action is the tool `step`, its rewards the reward "
+        "function `environment` (docs/environments.md).",
+    )
     max_calls: int = Field(
         TOOL_DEFAULTS.max_calls,
         ge=0,
@@ -98,9 +104,10 @@ class ToolsConfig(Section):
 
     @model_validator(mode="after")
     def _something_to_call(self) -> ToolsConfig:
-        if self.interpreter is None and not self.functions and self.environment is None:
+        if not (self.interpreter or self.functions or self.environment or self.openenv):
             raise ValueError(
-                "rollout.tools has nothing to call: set interpreter, functions or environment"
+                "rollout.tools has nothing to call: set interpreter, functions, environment "
+                "or openenv"
             )
         return self
 

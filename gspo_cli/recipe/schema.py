@@ -133,10 +133,10 @@ class Recipe(Section):
     def _tool_checks(self) -> Recipe:
         tools = self.rollout.tools
         uses_environment = any(f.name == "environment" for f in self.reward.functions)
-        if uses_environment and (tools is None or tools.environment is None):
+        if uses_environment and (tools is None or not (tools.environment or tools.openenv)):
             raise ValueError(
                 "reward function environment scores with rollout.tools.environment's "
-                "get_reward(): set rollout.tools.environment"
+                "get_reward() or rollout.tools.openenv's rewards: set one of them"
             )
         if tools is None:
             return self
@@ -328,12 +328,13 @@ def environment_views(recipe: Recipe) -> list[EnvironmentView]:
 def _view(recipe_type: type[Recipe], base: dict[str, Any], entry: EnvironmentConfig) -> Recipe:
     raw = dict(base)
     raw["data"] = _merged(base.get("data", {}), entry.data)
-    if entry.reward is not None:
-        functions = [f.model_dump(exclude_unset=True) for f in entry.reward]
+    functions = entry.reward_keys()
+    if functions is not None:
         raw["reward"] = {**base.get("reward", {}), "functions": functions}
     rollout = {**base.get("rollout", {})}
-    if entry.tools is not None:
-        rollout["tools"] = entry.tools.model_dump(exclude_unset=True)
+    tools = entry.tool_keys()
+    if tools is not None:
+        rollout["tools"] = tools
     if entry.max_new_tokens is not None:
         rollout["max_new_tokens"] = entry.max_new_tokens
     if entry.temperature is not None:

@@ -20,6 +20,7 @@ class ToolSettings:
     interpreter: Literal["python"] | None = "python"
     functions: tuple[str, ...] = ()  # import paths "module:function" (TRL's `tools=`)
     environment: str | None = None  # import path "module:Class" (TRL's `environment_factory=`)
+    openenv: str | None = None  # an OpenEnv server: "module:app" (started here) or a URL
     max_calls: int = 4  # per trajectory; 0 = no call is ever run
     output_max_tokens: int = 64  # a result's content is cut to this many tokens ...
     output_truncation: Side = "tail"  # ... keeping its head or its tail

@@ -2,7 +2,7 @@
 format (code blocks, or the model's chat template) and the factory of one trajectory's toolbox.
 
 `code_block` knows only the interpreter (a ```python block is its one kind of call); users'
-functions and environments need `chat_template`, where calls name their tool.
+functions, environments and OpenEnv servers need `chat_template`, where calls name their tool.
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from gspo_cli.core.errors import GspoError
 from gspo_cli.rollout.tool_settings import ToolSettings
-from gspo_cli.rollout.tools.base import ToolFormat
+from gspo_cli.rollout.tools.base import Toolbox, ToolFormat
 from gspo_cli.rollout.tools.chat_template import ChatTemplateFormat, check_prefix_preserving
 from gspo_cli.rollout.tools.functions import load_environment, load_functions, tool_schemas
 from gspo_cli.rollout.tools.interpreter import CodeBlockFormat, PythonInterpreter
+from gspo_cli.rollout.tools.openenv_server import OPENENV, server_for, step_tool_schema
+from gspo_cli.rollout.tools.openenv_session import OpenEnvToolbox
 from gspo_cli.rollout.tools.toolbox import FunctionToolbox
 
 if TYPE_CHECKING:
@@ -25,11 +27,26 @@ if TYPE_CHECKING:
 class ToolboxFactory(Protocol):
     """A new toolbox for one trajectory; `row` (the dataset row) goes to `reset(**row)`."""
 
-    def __call__(self, row: Mapping[str, Any] | None = None) -> FunctionToolbox: ...
+    def __call__(self, row: Mapping[str, Any] | None = None) -> Toolbox: ...
+
+
+def _check_openenv(settings: ToolSettings) -> None:
+    """An OpenEnv environment is the trajectory's one tool (GspoError otherwise)."""
+    if settings.format != "chat_template":
+        raise GspoError(f"{OPENENV} needs format: chat_template (its action is a tool call)")
+    if settings.interpreter or settings.functions or settings.environment:
+        raise GspoError(
+            f"{OPENENV} is the trajectory's one tool: set interpreter: null and no functions "
+            "or environment beside it"
+        )
+    step_tool_schema(settings.openenv or "")  # the module or server, checked now
 
 
 def _loaded(settings: ToolSettings) -> tuple[dict[str, Callable[..., Any]], type | None]:
     """The functions and the environment class `settings` name, checked (GspoError)."""
+    if settings.openenv:
+        _check_openenv(settings)
+        return {}, None
     if settings.format == "code_block":
         named = {"functions": settings.functions, "environment": settings.environment}
         for section, value in named.items():
@@ -58,6 +75,8 @@ def tool_schemas_for(settings: ToolSettings) -> list[dict[str, Any]] | None:
     functions, environment = _loaded(settings)
     if settings.format == "code_block":
         return None
+    if settings.openenv:
+        return [step_tool_schema(settings.openenv)]
     return tool_schemas(functions, environment, settings.interpreter is not None)
 
 
@@ -95,6 +114,9 @@ def make_tool_parts(
     else:
         check_prefix_preserving(tokenizer, model_name, template_kwargs)
         fmt = ChatTemplateFormat(tokenizer, template_kwargs)
+    if settings.openenv:
+        server = server_for(settings.openenv)
+        return fmt, lambda row=None: OpenEnvToolbox(settings, tokenizer, server, row)
     interpreter = settings.interpreter is not None
 
     def make_toolbox(row: Mapping[str, Any] | None = None) -> FunctionToolbox:

@@ -47,7 +47,7 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
-def _import(path: str, section: str) -> Any:
+def import_object(path: str, section: str) -> Any:
     """The object `path` ("module:name" or "module.name") names, with the working folder on
     the import path as for reward functions; GspoError naming `section` and `path`."""
     module_name, _, attr = path.rpartition(":") if ":" in path else path.rpartition(".")
@@ -106,7 +106,7 @@ def load_functions(
     found: dict[str, Callable[..., Any]] = {}
     where: dict[str, str] = {}
     for path in paths:
-        fn = _import(path, FUNCTIONS)
+        fn = import_object(path, FUNCTIONS)
         if not callable(fn) or inspect.isclass(fn):
             raise GspoError(f"{FUNCTIONS}: {path!r} is not a function")
         schema_of(fn, FUNCTIONS, path)
@@ -136,7 +136,7 @@ def environment_tools(cls: type) -> dict[str, Callable[..., Any]]:
 def load_environment(path: str) -> type:
     """The environment class `path` names, checked: a class, `__init__` without arguments,
     callable `reset`/`get_reward` when present, at least one tool, a schema for each."""
-    cls = _import(path, ENVIRONMENT)
+    cls = import_object(path, ENVIRONMENT)
     if not inspect.isclass(cls):
         raise GspoError(f"{ENVIRONMENT}: {path!r} is not a class")
     try:

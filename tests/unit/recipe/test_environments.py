@@ -108,6 +108,8 @@ def test_tools_belong_to_the_environment_that_has_them() -> None:
             {"cold_start": {"enabled": True}},
             "every environment's cold_start false",
         ),
+        ([{**ARITHMETIC, "id": "verifiers:wordle"}], {}, "verifiers environments are not"),
+        ([{**ARITHMETIC, "id": "gym:CartPole"}], {}, "write openenv:module:app or openenv:http"),
         (
             [ARITHMETIC, CHAIN_SUM],
             {"reward": {"heldout_judge": {"every": 1, "options": {"model": "builtin:length"}}}},
