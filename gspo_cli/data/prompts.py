@@ -13,7 +13,9 @@ The one place that decides how a prompt becomes token ids, for training, held-ou
 - the chat template opens the assistant's turn (add_generation_prompt) and gets
   `chat_template_kwargs` (e.g. Qwen3's enable_thinking);
 - `chat_template: none` feeds the formatted question as raw text (as for a base model); a
-  tokenizer without a chat template is an error otherwise, never a silent fallback.
+  tokenizer without a chat template is an error otherwise, never a silent fallback;
+- `chat_template: hermes` renders with ChatML + Hermes tool calls (data/chat_templates.py) in
+  place of the tokenizer's: tool calls for ChatML models whose template has none.
 
 A prompt that cannot be rendered is a GspoError naming `where` (the row or problem).
 """
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gspo_cli.core.errors import GspoError
+from gspo_cli.data.chat_templates import HERMES_TOOL_TEMPLATE
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -56,7 +59,16 @@ class PromptSettings(Protocol):
     @property
     def system_prompt(self) -> str | None: ...
     @property
-    def chat_template(self) -> str: ...  # "auto" | "none"
+    def chat_template(self) -> str: ...  # "auto" | "none" | "hermes"
+    @property
+    def chat_template_kwargs(self) -> Mapping[str, Any]: ...
+
+
+class TemplateChoice(Protocol):
+    """Which chat template renders the model's turns, and its variables (data.chat_template)."""
+
+    @property
+    def chat_template(self) -> str: ...
     @property
     def chat_template_kwargs(self) -> Mapping[str, Any]: ...
 
@@ -72,6 +84,14 @@ class PromptFormat:
 
 
 PLAIN = PromptFormat()
+
+
+def template_kwargs(choice: TemplateChoice) -> dict[str, Any]:
+    """What apply_chat_template gets besides the turns, wherever they are rendered (prompts,
+    tool turns, the template's checks): the template's variables and, for `hermes`, the
+    template itself in place of the tokenizer's."""
+    own = {"chat_template": HERMES_TOOL_TEMPLATE} if choice.chat_template == "hermes" else {}
+    return {**choice.chat_template_kwargs, **own}
 
 
 def check_template_kwargs(kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -113,7 +133,8 @@ def render_prompt(
         if not isinstance(prompt, str):
             raise GspoError(f"{where}: a conversation needs a chat template (data.chat_template)")
         return list(tokenizer(fmt.prompt_template.format(prompt=prompt))["input_ids"])
-    if not getattr(tokenizer, "chat_template", None):
+    variables = template_kwargs(fmt)
+    if not (getattr(tokenizer, "chat_template", None) or "chat_template" in variables):
         raise GspoError(NO_TEMPLATE)
     try:
         messages = prompt_messages(prompt, fmt)
@@ -126,7 +147,7 @@ def render_prompt(
             tokenize=False,
             add_generation_prompt=True,
             **shown,
-            **dict(fmt.chat_template_kwargs),
+            **variables,
         )
     except Exception as exc:  # a template is user code (jinja): any failure is this prompt's
         lines = str(exc).strip().splitlines()

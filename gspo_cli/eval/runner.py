@@ -23,7 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gspo_cli.core.errors import GspoError
 from gspo_cli.data.benchmarks import build_prompt, load_benchmark
 from gspo_cli.data.problems import Problem
-from gspo_cli.data.prompts import IDENTITY, PromptFormat, PromptSettings
+from gspo_cli.data.prompts import IDENTITY, PromptFormat, PromptSettings, template_kwargs
 from gspo_cli.eval.checkpoints import load_for_eval
 from gspo_cli.eval.codeelo import load_standings_cache
 from gspo_cli.eval.generation import generate_and_judge
@@ -208,7 +208,7 @@ def _registered_engine(settings: EvalSettings) -> EngineFactory:
             seed=settings.seed,
             tools=settings.tools,
             model_name=settings.checkpoint,
-            chat_template_kwargs=settings.chat_template_kwargs,
+            chat_template_kwargs=template_kwargs(settings),
         )
         return make_rollout_engine(settings.engine, spec)
 

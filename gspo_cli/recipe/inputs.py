@@ -219,10 +219,11 @@ class DataConfig(Section):
         description="A system turn put first in every prompt that has no system turn of its "
         "own; None: none.",
     )
-    chat_template: Literal["auto", "none"] = Field(
+    chat_template: Literal["auto", "none", "hermes"] = Field(
         "auto",
         description="auto: the tokenizer's chat template (an error when it has none); none: "
-        "raw text (prompt_template applied), for base models without one.",
+        "raw text (prompt_template applied), for base models without one; hermes: ChatML with "
+        "Hermes tool calls in place of the model's, for ChatML models without tool support.",
     )
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict,

@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 TOOL_CALL = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.S)
 BAD_CALL = "?"  # the name of a call that could not be read
-USE_CODE_BLOCK = "use rollout.tools.format: code_block"
+USE_CODE_BLOCK = (
+    "use rollout.tools.format: code_block (or, for a ChatML model, data.chat_template: hermes)"
+)
 
 # The probe: a tool, a question, a turn that calls it (its reasoning kept: a template that drops
 # earlier reasoning is not prefix-preserving), the tool's answer, a final turn.
@@ -167,7 +169,9 @@ def check_prefix_preserving(
     ends a calling turn with eos (then whitespace only), and renders the probe conversation at
     each length as a prefix of its rendering at the next."""
     where = f"the chat template of {model_name}"
-    if not getattr(tokenizer, "chat_template", None):
+    if not (
+        getattr(tokenizer, "chat_template", None) or (template_kwargs or {}).get("chat_template")
+    ):
         raise GspoError(f"{model_name} has no chat template, so no tool turns: {USE_CODE_BLOCK}")
     eos = tokenizer.eos_token
     if not eos:

@@ -2,9 +2,10 @@
 whose one tool, `step`, is the environment's action.
 
 The session is a WebSocket of openenv-core's own client (`GenericEnvClient`), which gives each
-connection an environment instance of its own on the server. It is opened and reset at the
-trajectory's first call: `reset(**row)` gets the prompt's dataset row (the server passes on the
-fields its reset names, as TRL does), so a `seed` column puts a group's samples in one game.
+connection an environment instance of its own on the server. It is opened and reset when the
+trajectory starts (its episode starts with it, as in TRL): `reset(**row)` gets the prompt's
+dataset row (the server passes on the fields its reset names), so a `seed` column puts a
+group's samples in one game.
 Every call runs under `rollout.tools.timeout_s` (connect and reply).
 
 - a step's observation (less `done`, `reward`, `metadata`) is what the model is shown, as JSON;
@@ -91,10 +92,11 @@ class OpenEnvToolbox:
         self.server = server
         self.schema = action_schema(server.target)
         self.row = _json_fields(row or {})
-        self.client: Any = None  # openenv's SyncEnvClient, opened at the first call
+        self.client: Any = None  # openenv's SyncEnvClient
         self.rewards: list[float] = []  # each step's reward, in order
         self.done = False
         self.broken: str | None = None  # why every later call is refused
+        self._open()
 
     def run(self, calls: list[ToolCall]) -> list[ToolResult]:
         return [self._run_one(call) for call in calls]
@@ -103,7 +105,6 @@ class OpenEnvToolbox:
         refusal = self._refusal(call)
         if refusal is not None:
             return ToolResult(refusal, True, 0.0)
-        self._open()
         start = time.perf_counter()
         try:
             result = self.client.step(call.arguments)
@@ -148,9 +149,7 @@ class OpenEnvToolbox:
         return None if problem is None else f"bad arguments for {STEP_TOOL}: {problem}"
 
     def _open(self) -> None:
-        """The trajectory's session, opened and reset at its first call."""
-        if self.client is not None:
-            return
+        """The trajectory's session, opened and reset."""
         from openenv.core import GenericEnvClient
 
         timeout = self.settings.timeout_s

@@ -33,6 +33,7 @@ from transformers import PreTrainedTokenizerBase
 
 from gspo_cli.core.errors import GspoError
 from gspo_cli.core.workers import pool_worker_init
+from gspo_cli.data.prompts import template_kwargs
 from gspo_cli.models.forward.capabilities import ModelCapabilities
 from gspo_cli.recipe.schema import Recipe
 from gspo_cli.rewards.binding import RewardServices
@@ -122,7 +123,7 @@ def _sample(plan: WorkerPlan, staging: nn.Module, inbox: Any, outbox: Any) -> No
         capabilities=plan.capabilities,
         tools=next((p.tools for p in plan.environments if p.tools is not None), None),
         model_name=recipe.model.path,
-        chat_template_kwargs=recipe.data.chat_template_kwargs,
+        chat_template_kwargs=template_kwargs(recipe.data),
     )
     engine = base_rollout_engine(recipe.rollout.engine, spec)
     sampler = plan.sampler

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from gspo_cli.data.prompts import template_kwargs
 from gspo_cli.eval.checkpoints import load_for_eval
 from gspo_cli.models.loading import convert_first
 from gspo_cli.models.run_checkpoints import resolve_checkpoint
@@ -46,7 +47,7 @@ def evaluate_environments(
             seed=recipe.trainer.seed,
             tools=any_tools(recipe),
             model_name=model_path,
-            chat_template_kwargs=recipe.data.chat_template_kwargs,
+            chat_template_kwargs=template_kwargs(recipe.data),
         )
         base = base_rollout_engine(engine or recipe.rollout.engine, spec)
         environments = load_environments(recipe, tokenizer)

@@ -35,13 +35,12 @@ def _tool_template_problems(recipe: Recipe, *, hub: bool) -> list[str | None]:
     views = [v.recipe for v in recipe.environments_resolved() if v.recipe.rollout.tools]
     if not any(v.rollout.tools and v.rollout.tools.format == "chat_template" for v in views):
         return []
+    from gspo_cli.data.prompts import template_kwargs
     from gspo_cli.models.vocab import load_tokenizer
     from gspo_cli.rollout.tools.build import tool_template_problem
 
     tokenizer = load_tokenizer(recipe.model.path, what="model.path", hub=hub)
     return [
-        tool_template_problem(
-            v.tool_settings(), tokenizer, v.model.path, v.data.chat_template_kwargs
-        )
+        tool_template_problem(v.tool_settings(), tokenizer, v.model.path, template_kwargs(v.data))
         for v in views
     ]

@@ -20,6 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gspo_cli.core.engine_catalogue import ROLLOUT_ENGINES, TRAIN_ENGINES
 from gspo_cli.core.errors import GspoError, Stopped
 from gspo_cli.data.problems import Problem
+from gspo_cli.data.prompts import template_kwargs
 from gspo_cli.models import load_policy
 from gspo_cli.models.loading import convert_first
 from gspo_cli.models.lora import Adapters
@@ -258,7 +259,7 @@ def _rollout_engine(
         capabilities=engine.capabilities,
         tools=any_tools(recipe),
         model_name=recipe.model.path,
-        chat_template_kwargs=recipe.data.chat_template_kwargs,
+        chat_template_kwargs=template_kwargs(recipe.data),
     )
     return base_rollout_engine(local, spec), spec
 

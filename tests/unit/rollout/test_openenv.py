@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("openenv.core", reason="the environments extra (make setup installs it)")
 
 from gspo_cli.core.errors import GspoError
+from gspo_cli.data.chat_templates import HERMES_TOOL_TEMPLATE
 from gspo_cli.models.tokenizer import build_char_tokenizer
 from gspo_cli.rollout.base import SamplingParams
 from gspo_cli.rollout.batch import RolloutBatch
@@ -30,7 +31,6 @@ from gspo_cli.rollout.tools.openenv_server import (
     step_tool_schema,
 )
 from gspo_cli.rollout.tools.openenv_session import OpenEnvToolbox
-from gspo_cli.rollout.tools.templates import HERMES_TOOL_TEMPLATE
 
 MODULE = "gspo_test_guess_env"
 TARGET = f"{MODULE}:app"
@@ -163,7 +163,7 @@ def test_bad_calls_are_answered_and_never_sent(server: OpenEnvServer) -> None:
         assert "number: 'five' is not of type 'integer'" in results[0].text
         assert "'guess' was unexpected" in results[1].text
         assert results[2].text == "unknown tool 'move'; the tools are: step"
-        assert box.client is None  # nothing reached the server
+        assert box.client is not None and box.rewards == []  # no step reached the server
         assert box.reward() == 0.0  # no step: the return is 0
     finally:
         box.close()
@@ -182,9 +182,8 @@ def test_a_hung_step_is_a_timeout_and_ends_the_session(server: OpenEnvServer) ->
 
 
 def test_a_reset_that_fails_stops_the_run_in_one_line(server: OpenEnvServer) -> None:
-    box = toolbox(server, {"crash": True})
     with pytest.raises(GspoError, match=r"reset failed .*reset was told to fail"):
-        box.run([step(5)])
+        toolbox(server, {"crash": True})
 
 
 def test_the_group_shares_one_game_and_the_engines_ids(server: OpenEnvServer) -> None:
@@ -233,16 +232,14 @@ def test_a_dead_server_stops_the_run_in_one_line(tmp_path: Path, monkeypatch) ->
     monkeypatch.syspath_prepend(str(tmp_path))
     doomed = OpenEnvServer("gspo_test_guess_env_2:app")
     try:
-        box = toolbox(doomed, {"seed": 1})
-        box.run([step(5)])  # a live session
+        box = toolbox(doomed, {"seed": 1})  # a live session
         assert doomed.process is not None
         os.killpg(doomed.process.pid, signal.SIGKILL)
         doomed.process.wait(timeout=60)
         with pytest.raises(GspoError, match=r"environment server exited with code -9"):
             box.run([step(6)])
-        fresh = toolbox(doomed, {"seed": 1})
         with pytest.raises(GspoError, match="exited with code -9"):
-            fresh.run([step(6)])
+            toolbox(doomed, {"seed": 1})
     finally:
         doomed.close()
 

@@ -11,13 +11,13 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 from gspo_cli.core.errors import GspoError
+from gspo_cli.data.chat_templates import HERMES_TOOL_TEMPLATE
 from gspo_cli.data.prompts import PLAIN, render_prompt
 from gspo_cli.models.tokenizer import CHAT_TEMPLATE, EOS, IM_END, IM_START, build_char_tokenizer
 from gspo_cli.rollout.tool_settings import ToolSettings
 from gspo_cli.rollout.tools.base import ToolCall, ToolResult
 from gspo_cli.rollout.tools.build import make_tool_parts
 from gspo_cli.rollout.tools.chat_template import ChatTemplateFormat, check_prefix_preserving
-from gspo_cli.rollout.tools.templates import HERMES_TOOL_TEMPLATE
 
 SCHEMA = {
     "type": "function",

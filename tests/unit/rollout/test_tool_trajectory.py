@@ -207,10 +207,10 @@ def test_chat_template_calls_reach_the_environment_and_its_reward_the_rewards(
     tmp_path,
     monkeypatch,  # type: ignore[no-untyped-def]
 ) -> None:
+    from gspo_cli.data.chat_templates import HERMES_TOOL_TEMPLATE
     from gspo_cli.recipe.reward import RewardConfig
     from gspo_cli.rewards.math_verifier import MathVerifierPool
     from gspo_cli.rollout.tools.build import make_tool_parts
-    from gspo_cli.rollout.tools.templates import HERMES_TOOL_TEMPLATE
     from gspo_cli.train.step.collection import collect_groups
     from gspo_cli.train.step.rewards import RewardServices, WeightedRewards
     from tests.support.rl_helpers import tiny_step

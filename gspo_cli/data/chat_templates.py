@@ -1,7 +1,8 @@
 """A reference chat template with tool support: ChatML with Hermes tool calls, as Qwen2.5's.
 
-For models whose tokenizer has a ChatML template without tools (the built-in tiny models, some
-fine-tunes): set `tokenizer.chat_template = HERMES_TOOL_TEMPLATE`. It renders the tools' JSON
+For models whose tokenizer has a ChatML template without tools (the built-in models, SmolLM2,
+some fine-tunes): `data.chat_template: hermes` renders every prompt and tool turn with it, in
+place of the model's own (data/prompts.py `template_kwargs`). It renders the tools' JSON
 schemas into the system turn, an assistant's `tool_calls` as `<tool_call>` JSON lines, and tool
 messages as `<tool_response>` blocks in one user turn; without tools it renders a conversation
 exactly as plain ChatML does (gspo_cli/models/tokenizer.py). ASCII only, so that the built-in
