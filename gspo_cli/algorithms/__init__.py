@@ -10,6 +10,7 @@ from gspo_cli.algorithms.aggregation import (
 from gspo_cli.algorithms.correction import (
     ROLLOUT_CORRECTIONS,
     Correction,
+    CorrectionLimits,
     mismatch_metrics,
     rollout_correction,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "LOSS_SPECS",
     "ROLLOUT_CORRECTIONS",
     "Correction",
+    "CorrectionLimits",
     "LossOptions",
     "LossSpec",
     "aggregate",

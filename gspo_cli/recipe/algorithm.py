@@ -9,6 +9,9 @@ from pydantic import Field, field_validator, model_validator
 
 from gspo_cli.recipe.section import Section, registered
 
+# IcePop's band [alpha, beta] in Ring-1T (arXiv 2510.18855): the paper's default
+ICEPOP_BAND = (0.5, 5.0)
+
 BUILTIN_PREFIX = "builtin:"  # models/builtin.py's; a string here keeps torch out of validation
 
 
@@ -84,12 +87,17 @@ class AlgorithmConfig(Section):
     rollout_correction: str = Field(
         "off",
         description="Off-policy correction for engine-vs-trainer mismatch: off, token_tis, "
-        "seq_mask or seq_truncate (registered; see docs/rollout-engines.md).",
+        "seq_mask, seq_truncate or icepop (registered; see docs/options/off-policy.md).",
     )
     correction_cap: float = Field(
         2.0,
         gt=1,
         description="C: token_tis / seq_truncate cap weights at C; seq_mask keeps [1/C, C].",
+    )
+    correction_band: tuple[float, float] = Field(
+        ICEPOP_BAND,
+        description="icepop's [alpha, beta]: a token whose pi_old / pi_engine leaves it is "
+        "masked from the gradient (Ring-1T's [0.5, 5]; 0 < alpha <= 1 <= beta).",
     )
     minibatches: int = Field(4, ge=1, description="Optimiser steps per rollout batch.")
     routing_replay: Literal["off", "old_policy", "rollout"] = Field(
@@ -143,6 +151,26 @@ class AlgorithmConfig(Section):
     _correction_registered = field_validator("rollout_correction")(
         partial(registered, "rollout correction")
     )
+
+    @field_validator("correction_band")
+    @classmethod
+    def _band_in_order(cls, band: tuple[float, float]) -> tuple[float, float]:
+        alpha, beta = band
+        if not (0 < alpha <= 1 <= beta < float("inf")):
+            raise ValueError(
+                f"correction_band [{alpha}, {beta}] must hold 1 with 0 < alpha <= 1 <= beta "
+                "(finite): a token at ratio 1, where the engines agree, is never masked"
+            )
+        return band
+
+    @model_validator(mode="after")
+    def _band_is_icepops(self) -> AlgorithmConfig:
+        if "correction_band" in self.model_fields_set and self.rollout_correction != "icepop":
+            raise ValueError(
+                f"correction_band is icepop's band; rollout_correction is "
+                f"{self.rollout_correction} (its bound is correction_cap)"
+            )
+        return self
 
     @field_validator("loss_agg")
     @classmethod

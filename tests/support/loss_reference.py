@@ -15,8 +15,9 @@ def _clip_min(r: torch.Tensor, a: torch.Tensor, lo: float, hi: float) -> torch.T
     return torch.minimum(r * a, torch.clamp(r, 1 - lo, 1 + hi) * a)
 
 
-def _paper_loss(lp, old, adv, mask, algo, lo, hi, agg):  # type: ignore[no-untyped-def]
-    """GSPO, GSPO-token, GRPO: -J, one response and one token at a time (Eq. 2, 5, 7, 13, 14)."""
+def _paper_loss(lp, old, adv, mask, algo, lo, hi, agg, w=None):  # type: ignore[no-untyped-def]
+    """GSPO, GSPO-token, GRPO: -J, one response and one token at a time (Eq. 2, 5, 7, 13, 14);
+    `w`: a weight on each token's term (a rollout correction), None: 1."""
     per_seq_terms = []  # list of (list of per-token objective terms)
     for i in range(lp.shape[0]):
         idx = [t for t in range(lp.shape[1]) if mask[i, t] > 0]
@@ -35,6 +36,8 @@ def _paper_loss(lp, old, adv, mask, algo, lo, hi, agg):  # type: ignore[no-untyp
                     )
                     for t in idx
                 ]
+        if w is not None:
+            terms = [w[i, t] * term for t, term in zip(idx, terms, strict=True)]
         per_seq_terms.append(terms)
     if agg == "seq_mean_token_mean":
         j = sum(sum(ts) / len(ts) for ts in per_seq_terms) / len(per_seq_terms)
@@ -103,6 +106,17 @@ def _sequence_terms(
     return out
 
 
+def _weighted(terms: list[list[Tensor]], mask: Tensor, w: Tensor | None) -> list[list[Tensor]]:
+    """Each response's terms times its tokens' weights (in the order of its model tokens)."""
+    if w is None:
+        return terms
+    out = []
+    for i, ts in enumerate(terms):
+        idx = [t for t in range(mask.shape[1]) if mask[i, t] > 0]
+        out.append([w[i, t] * term for t, term in zip(idx, ts, strict=True)])
+    return out
+
+
 def reference_loss(
     lp: Tensor,
     old: Tensor,
@@ -113,11 +127,13 @@ def reference_loss(
     hi: float,
     agg: str,
     taus: tuple[float, float] = TAUS,
+    w: Tensor | None = None,
 ) -> Tensor:
     """-J, the papers' objectives, one response and one token at a time (its model tokens:
-    those where `mask` is 1, wherever they sit in the row)."""
+    those where `mask` is 1, wherever they sit in the row); `w`: a weight on each token's
+    term (a rollout correction), None: 1."""
     if algo in ("gspo", "gspo_token", "grpo"):
-        return _paper_loss(lp, old, adv, mask, algo, lo, hi, agg)
+        return _paper_loss(lp, old, adv, mask, algo, lo, hi, agg, w)
     if algo == "luspo":  # arXiv 2602.05261 Eq. 7: (1/G) sum_i |y_i| min(s_i A_i, clip(s_i) A_i)
         assert agg == "seq_mean_token_mean"
         total = torch.zeros((), dtype=lp.dtype)
@@ -125,9 +141,11 @@ def reference_loss(
             idx = [t for t in range(lp.shape[1]) if mask[i, t] > 0]
             a_i = _sum(adv[i, t] for t in idx) / len(idx)
             s_i = torch.exp(_sum(lp[i, t] - old[i, t] for t in idx) / len(idx))
-            total = total + len(idx) * torch.minimum(s_i * a_i, _clip(s_i, 1 - lo, 1 + hi) * a_i)
+            term = torch.minimum(s_i * a_i, _clip(s_i, 1 - lo, 1 + hi) * a_i)
+            weight = len(idx) if w is None else _sum(w[i, t] for t in idx)  # |y_i| x term
+            total = total + weight * term
         return -total / lp.shape[0]
-    terms = _sequence_terms(lp, old, adv, mask, algo, lo, hi, taus)
+    terms = _weighted(_sequence_terms(lp, old, adv, mask, algo, lo, hi, taus), mask, w)
     if agg == "seq_mean_token_mean":
         j = _sum(_sum(ts) / len(ts) for ts in terms) / len(terms)
     elif agg == "token_mean":

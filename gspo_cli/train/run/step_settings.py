@@ -3,7 +3,7 @@ place where a step's values are read off the recipe and resolved."""
 
 from __future__ import annotations
 
-from gspo_cli.algorithms import LossOptions, resolve_loss_agg
+from gspo_cli.algorithms import CorrectionLimits, LossOptions, resolve_loss_agg
 from gspo_cli.core.engine_catalogue import ROLLOUT_ENGINES
 from gspo_cli.recipe.algorithm import AlgorithmConfig
 from gspo_cli.recipe.rollout import MAX_DYNAMIC_SAMPLING_ROUNDS, RolloutConfig
@@ -63,7 +63,10 @@ def algorithm_settings(config: AlgorithmConfig) -> AlgorithmSettings:
         minibatches=config.minibatches,
         scale_advantages=config.scale_advantages,
         mask_truncated=config.mask_truncated,
-        correction=CorrectionSettings(config.rollout_correction, config.correction_cap),
+        correction=CorrectionSettings(
+            config.rollout_correction,
+            CorrectionLimits(config.correction_cap, config.correction_band),
+        ),
         routing=RoutingSettings(config.routing_replay, config.router_aux_coef),
         distill=None
         if distill is None

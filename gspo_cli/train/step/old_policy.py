@@ -174,9 +174,11 @@ def _recomputed(inputs: PiOldInputs, algo: AlgorithmSettings) -> OldPolicy:
     correction = algo.correction
     if correction.name == "off":
         return OldPolicy(old_lp, None, mask, from_engine=False, metrics=metrics)
-    weights, keep = rollout_correction(correction.name, old_lp, engine_lp, mask, correction.cap)
+    weights, keep = rollout_correction(correction.name, old_lp, engine_lp, mask, correction.limits)
     kept = keep.sum().clamp(min=1)
-    metrics["correction_masked_token_frac"] = float(1 - keep.sum() / mask.sum().clamp(min=1))
+    # out of the gradient: dropped from the loss (keep 0) or weighed 0 (icepop's band)
+    trained = (keep * (weights != 0)).sum()
+    metrics["correction_masked_token_frac"] = float(1 - trained / mask.sum().clamp(min=1))
     metrics["correction_weight_mean"] = float((weights * keep).sum() / kept)
     return OldPolicy(old_lp, weights, keep, from_engine=False, metrics=metrics)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gspo_cli.algorithms import LossOptions
+from gspo_cli.algorithms import CorrectionLimits, LossOptions
 from gspo_cli.models.forward.logprobs import EntropyMode
 from gspo_cli.rollout.base import RolloutBatch, SamplingParams
 
@@ -60,8 +60,8 @@ class RoutingSettings:
 class CorrectionSettings:
     """The engine-vs-trainer rollout correction (algorithms/correction.py)."""
 
-    name: str  # off, token_tis, seq_mask or seq_truncate
-    cap: float  # C
+    name: str  # off, token_tis, seq_mask, seq_truncate or icepop
+    limits: CorrectionLimits  # C, and icepop's band
 
 
 @dataclass(frozen=True)

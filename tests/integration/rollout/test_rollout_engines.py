@@ -80,6 +80,9 @@ def test_vllm_missing_is_one_clear_error() -> None:
         ({"use_engine_logprobs": True}, {"rollout_correction": "token_tis"}, "one or the other"),
         ({"use_engine_logprobs": True, "top_p": 0.9}, {}, "need top_p 1, top_k 0"),
         ({}, {"rollout_correction": "seq_mean"}, "unknown rollout correction 'seq_mean'"),
+        ({}, {"rollout_correction": "icepop", "correction_band": [2, 5]}, "0 < alpha <= 1"),
+        ({}, {"rollout_correction": "icepop", "correction_band": [0, 5]}, "0 < alpha <= 1"),
+        ({}, {"rollout_correction": "token_tis", "correction_band": [0.5, 5]}, "icepop's band"),
     ],
 )
 def test_engine_logprob_settings_are_checked(rollout, algorithm, message) -> None:  # type: ignore[no-untyped-def]
@@ -87,7 +90,17 @@ def test_engine_logprob_settings_are_checked(rollout, algorithm, message) -> Non
         Recipe.model_validate({"rollout": rollout, "algorithm": algorithm})
 
 
-def _step(use_engine_logprobs: bool, correction: str):  # type: ignore[no-untyped-def]
+class _PerturbedEngine(HFGenerateEngine):
+    """The trainer's own sampler, its log-probs off by -2 on every 4th token (k = e^2 > 5)."""
+
+    def generate(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        out = super().generate(*args, **kwargs)
+        for lp in out.completion_logprobs or []:
+            lp[::4] -= 2.0
+        return out
+
+
+def _step(use_engine_logprobs: bool, correction: str, perturbed: bool = False):  # type: ignore[no-untyped-def]
     model, tokenizer = create_builtin("tiny-dense", seed=3)
     recipe = Recipe.model_validate(
         {
@@ -100,7 +113,7 @@ def _step(use_engine_logprobs: bool, correction: str):  # type: ignore[no-untype
     torch.manual_seed(0)
     rows = [{"prompt": "p", "answer": "0"}] * len(PROMPTS)
     engine = TorchEngine(model, engine_settings(recipe), LOCAL)
-    rollout = HFGenerateEngine(model, tokenizer)
+    rollout = (_PerturbedEngine if perturbed else HFGenerateEngine)(model, tokenizer)
     return rl_step(
         StepModels(engine), rollout, LengthParityReward(), PROMPTS, rows, settings, 0
     ).metrics
@@ -115,11 +128,18 @@ def test_mismatch_is_measured_whenever_engine_logprobs_exist(use_engine_logprobs
     assert metrics["mismatch_outside_clip_frac"] == 0.0
 
 
-@pytest.mark.parametrize("correction", ["token_tis", "seq_mask", "seq_truncate"])
+@pytest.mark.parametrize("correction", ["token_tis", "seq_mask", "seq_truncate", "icepop"])
 def test_corrections_report_their_effect(correction: str) -> None:
     metrics = _step(False, correction)
     assert metrics["correction_masked_token_frac"] == 0.0  # no mismatch: nothing masked
     assert metrics["correction_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_icepop_masks_the_tokens_the_engine_disagrees_on() -> None:
+    metrics = _step(False, "icepop", perturbed=True)
+    # every 4th token of each response (the first included) leaves the band [0.5, 5]
+    assert 0.25 <= metrics["correction_masked_token_frac"] <= 0.5
+    assert metrics["mismatch_token_abs_max"] == pytest.approx(2.0, abs=1e-4)
 
 
 def test_a_hung_engine_call_ends_the_run_with_one_line_and_exit_2() -> None:

@@ -9,6 +9,7 @@ import torch
 
 from gspo_cli.algorithms import (
     ROLLOUT_CORRECTIONS,
+    CorrectionLimits,
     compute_policy_loss,
     mismatch_metrics,
     rollout_correction,
@@ -19,27 +20,30 @@ ENGINE = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -1.0, 0.0]])
 # Trainer pi_old: sequence 0 agrees on average (log rho = +0.3, -0.3, 0), sequence 1 sits far
 # above the engine (log rho = 1.5 on both tokens).
 OLD = ENGINE + torch.tensor([[0.3, -0.3, 0.0], [1.5, 1.5, 0.0]])
+LIMITS = CorrectionLimits(cap=2.0, band=(0.5, 5.0))
 
 
 def test_every_correction_is_registered() -> None:
-    assert ROLLOUT_CORRECTIONS.names() == ["off", "seq_mask", "seq_truncate", "token_tis"]
+    assert ROLLOUT_CORRECTIONS.names() == [
+        "icepop", "off", "seq_mask", "seq_truncate", "token_tis",
+    ]  # fmt: skip
 
 
 def test_token_tis_caps_each_tokens_ratio() -> None:
-    weights, keep = rollout_correction("token_tis", OLD, ENGINE, MASK, cap=2.0)
+    weights, keep = rollout_correction("token_tis", OLD, ENGINE, MASK, LIMITS)
     expected = torch.tensor([[math.exp(0.3), math.exp(-0.3), 1.0], [2.0, 2.0, 0.0]])
     assert torch.allclose(weights, expected, atol=1e-6)
     assert torch.equal(keep, MASK)
 
 
 def test_seq_mask_drops_sequences_whose_geometric_mean_ratio_leaves_the_band() -> None:
-    weights, keep = rollout_correction("seq_mask", OLD, ENGINE, MASK, cap=2.0)
+    weights, keep = rollout_correction("seq_mask", OLD, ENGINE, MASK, LIMITS)
     assert torch.equal(weights, torch.ones_like(MASK))
     assert torch.equal(keep, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))  # e^1.5 > 2
 
 
 def test_seq_truncate_weighs_each_sequence_by_its_capped_ratio() -> None:
-    weights, _ = rollout_correction("seq_truncate", OLD, ENGINE, MASK, cap=2.0)
+    weights, _ = rollout_correction("seq_truncate", OLD, ENGINE, MASK, LIMITS)
     assert torch.allclose(weights, torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]]), atol=1e-6)
 
 
