@@ -290,6 +290,18 @@ def compare(
     raise typer.Exit(code)
 
 
+@app.command()
+def watch(
+    run: Annotated[Path, typer.Argument(help="Run folder.", show_default=False)],
+    once: Annotated[bool, typer.Option("--once", help="Print one screen and exit.")] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 2.0,
+) -> None:
+    """A live view of a run folder: the last steps' metrics, held-out, the guard, samples."""
+    from gspo_cli.runs.watch_view import watch_run
+
+    watch_run(run, console, once=once, interval=interval)
+
+
 def _writer(run_dir: Path, command: str, resume: bool = False) -> AbstractContextManager[None]:
     """The run folder's checks, marker and one-writer lock (run_marker.owned_folder). The ranks
     a launcher started (--nproc) leave it to the launching `gspo train`, which holds it for all."""
