@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from gspo_cli.recipe.section import Section, registered
+
+if TYPE_CHECKING:
+    from gspo_cli.algorithms import LossOptions
 
 # IcePop's band [alpha, beta] in Ring-1T (arXiv 2510.18855): the paper's default
 ICEPOP_BAND = (0.5, 5.0)
@@ -50,20 +53,22 @@ class DistillConfig(Section):
 class AlgorithmConfig(Section):
     name: str = Field(
         "gspo",
-        description="Policy loss: gspo, gspo_token, grpo, luspo, sapo, gmpo or cispo "
-        "(registered; see docs/options/successor-losses.md).",
+        description="Policy loss: gspo, gspo_token, grpo, luspo, sapo, gmpo, cispo, dppo_tv, "
+        "dppo_kl or vespo (registered; docs/options/successor-losses.md, off-policy.md).",
     )
     clip_low: float | None = Field(
         None,
         gt=0,
         description="eps_low; None takes the paper's (3e-4 GSPO, 0.2 GRPO, 2e-3 LUSPO, 1 = none "
-        "CISPO); GMPO: a log-space bound (0.4); SAPO: unused (soft gate).",
+        "CISPO); GMPO: a log-space bound (0.4); DPPO: the trust region's delta (0.15 TV, 0.05 KL); "
+        "SAPO, VESPO: unused.",
     )
     clip_high: float | None = Field(
         None,
         gt=0,
         description="eps_high; None takes the paper's (4e-4 GSPO, 0.27 GRPO, 2.5e-3 LUSPO, 0.2 "
-        "CISPO); GMPO: a log-space bound (0.4); SAPO: unused (soft gate).",
+        "CISPO); GMPO: a log-space bound (0.4); DPPO: the trust region's delta (0.15 TV, 0.05 KL); "
+        "SAPO, VESPO: unused.",
     )
     loss_agg: str | None = Field(
         None,
@@ -77,6 +82,12 @@ class AlgorithmConfig(Section):
     sapo_tau_neg: float = Field(
         1.05, gt=0, description="SAPO: gate temperature for the others (paper: > tau_pos)."
     )
+    vespo_k_pos: float = Field(
+        2.0, gt=0, description="VESPO: the kernel W^k e^{lambda (1 - W)}'s k for A >= 0 (c1)."
+    )
+    vespo_lambda_pos: float = Field(3.0, gt=0, description="VESPO: its lambda for A >= 0.")
+    vespo_k_neg: float = Field(3.0, gt=0, description="VESPO: k for A < 0.")
+    vespo_lambda_neg: float = Field(2.0, gt=0, description="VESPO: lambda for A < 0.")
     scale_advantages: bool = Field(True, description="Divide advantages by the group std.")
     mask_truncated: bool = Field(
         False,
@@ -179,7 +190,7 @@ class AlgorithmConfig(Section):
 
     @model_validator(mode="after")
     def _paper_clip_defaults(self) -> AlgorithmConfig:
-        from gspo_cli.algorithms import LOSS_SPECS, LossOptions, resolve_loss_agg
+        from gspo_cli.algorithms import LOSS_SPECS, resolve_loss_agg
 
         low, high = LOSS_SPECS.get(self.name).paper_clip
         if self.clip_low is None:
@@ -189,11 +200,21 @@ class AlgorithmConfig(Section):
         agg = resolve_loss_agg(self.name, self.loss_agg)  # the paper's; raises if unsupported
         if self.loss_agg != agg:
             self.loss_agg = agg
-        default = LossOptions()
-        taus = (self.sapo_tau_pos, self.sapo_tau_neg)
-        if self.name != "sapo" and taus != (default.sapo_tau_pos, default.sapo_tau_neg):
-            raise ValueError(f"sapo_tau_pos/sapo_tau_neg have no effect with name {self.name}")
+        for loss, prefix in (("sapo", "sapo_tau_"), ("vespo", "vespo_")):
+            knobs = [key for key in self.model_fields_set if key.startswith(prefix)]
+            if knobs and self.name != loss:
+                raise ValueError(f"{sorted(knobs)[0]} has no effect with name {self.name}")
         return self
+
+    def loss_options(self) -> LossOptions:
+        """The knobs particular losses read (SAPO's temperatures, VESPO's kernel)."""
+        from gspo_cli.algorithms import LossOptions
+
+        return LossOptions(
+            sapo_tau_pos=self.sapo_tau_pos, sapo_tau_neg=self.sapo_tau_neg,
+            vespo_k_pos=self.vespo_k_pos, vespo_lambda_pos=self.vespo_lambda_pos,
+            vespo_k_neg=self.vespo_k_neg, vespo_lambda_neg=self.vespo_lambda_neg,
+        )  # fmt: skip
 
     @model_validator(mode="after")
     def _kl_settings_need_kl(self) -> AlgorithmConfig:

@@ -10,12 +10,17 @@ import torch
 
 Tensor = torch.Tensor
 AGGS = ["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"]
-ALGOS = ["gspo", "gspo_token", "grpo", "luspo", "sapo", "gmpo", "cispo"]
+ALGOS = [
+    "gspo", "gspo_token", "grpo", "luspo", "sapo", "gmpo", "cispo", "dppo_tv", "dppo_kl", "vespo",
+]  # fmt: skip
+# DPPO's deltas are small here, so that the trust region drops some of these tokens
 CLIPS = {
     "gspo": (0.03, 0.04), "gspo_token": (0.03, 0.04), "grpo": (0.2, 0.27), "luspo": (0.01, 0.012),
-    "sapo": (0.2, 0.2), "gmpo": (0.3, 0.3), "cispo": (0.2, 0.28),
+    "sapo": (0.2, 0.2), "gmpo": (0.3, 0.3), "cispo": (0.2, 0.28), "dppo_tv": (0.01, 0.012),
+    "dppo_kl": (2e-4, 3e-4), "vespo": (0.2, 0.2),
 }  # fmt: skip
-CASES = [(a, g) for a, g in itertools.product(ALGOS, AGGS) if a != "luspo" or g == AGGS[0]]
+ONLY = {"luspo": AGGS[0], "vespo": "token_mean"}  # the one aggregation each of these takes
+CASES = [(a, g) for a, g in itertools.product(ALGOS, AGGS) if ONLY.get(a, g) == g]
 
 
 def tool_batch(seed: int, b: int = 4, t: int = 24) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -43,7 +48,7 @@ def tool_batch(seed: int, b: int = 4, t: int = 24) -> tuple[Tensor, Tensor, Tens
 
 def sequence_advantages(adv: Tensor, mask: Tensor, algo: str) -> Tensor:
     """GSPO-style losses take one advantage per response: give every token the row's."""
-    if algo in ("sapo", "cispo", "gspo_token", "grpo"):
+    if algo in ("sapo", "cispo", "gspo_token", "grpo", "dppo_tv", "dppo_kl", "vespo"):
         return adv
     row = (adv * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)
     return row.expand_as(adv).contiguous()

@@ -3,6 +3,8 @@ one response and one token at a time. Shared by the loss tests (a helper, not a 
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Iterable
 
 import torch
@@ -95,6 +97,11 @@ def _sequence_terms(
                 tau = taus[0] if adv[i, t] > 0 else taus[1]
                 terms.append(torch.sigmoid(tau * (r - 1)) * 4 / tau * adv[i, t])
             out.append(terms)
+        elif algo in ("dppo_tv", "dppo_kl"):
+            out.append([_dppo_term(lp[i, t], old[i, t], adv[i, t], algo, lo, hi) for t in idx])
+        elif algo == "vespo":
+            phi = _vespo_phi([float((lp[i, t] - old[i, t]).detach()) for t in idx], float(a_i))
+            out.append([phi * adv[i, t] * lp[i, t] for t in idx])
         elif algo == "cispo":  # arXiv 2506.13585 Eq. 4: sg[clip(r)] A log pi
             terms = []
             for t in idx:
@@ -104,6 +111,31 @@ def _sequence_terms(
         else:
             raise ValueError(algo)
     return out
+
+
+def _dppo_term(lp: Tensor, old: Tensor, a: Tensor, algo: str, lo: float, hi: float) -> Tensor:
+    """DPPO (arXiv 2602.04879): r A, or 0 once the update left the trust region in the
+    direction of A, by the sampled token's binary TV (p - q) or binary KL."""
+    x, y = float(lp.detach()), float(old)
+    p, q = math.exp(x), math.exp(y)
+    if algo == "dppo_tv":
+        up, down = p - q > hi, p - q < -lo
+    else:  # log(1 - p) with p capped at 1 and 1 - p floored at the smallest float (as ours)
+        log1m = lambda v: math.log(max(-math.expm1(min(v, 0.0)), sys.float_info.min))  # noqa: E731
+        kl = q * (y - x) + (1 - q) * (log1m(y) - log1m(x))
+        up, down = kl > hi and p > q, kl > lo and p < q
+    out = (float(a) > 0 and up) or (float(a) <= 0 and down)
+    return torch.zeros((), dtype=lp.dtype) if out else torch.exp(lp - old) * a
+
+
+def _vespo_phi(log_ratios: list[float], a_i: float) -> float:
+    """VESPO (arXiv 2602.10693; TRL's constants): phi(W) = W^k e^{lambda (1 - W)}, W the
+    sequence's unnormalised ratio, (k, lambda) = (2, 3) for A >= 0, (3, 2) for A < 0."""
+    log_w = sum(min(max(x, -20.0), 20.0) for x in log_ratios)
+    log_w = min(max(log_w, math.log(1e-8)), 20.0)
+    k, lam = (2.0, 3.0) if a_i >= 0 else (3.0, 2.0)
+    w = math.exp(log_w)
+    return w**k * math.exp(lam * (1 - w))
 
 
 def _weighted(terms: list[list[Tensor]], mask: Tensor, w: Tensor | None) -> list[list[Tensor]]:

@@ -30,6 +30,10 @@ class LossOptions:
 
     sapo_tau_pos: float = 1.0  # SAPO gate temperature for A > 0 (arXiv 2511.20347)
     sapo_tau_neg: float = 1.05  # ... for A <= 0: negative-advantage tokens decay faster
+    vespo_k_pos: float = 2.0  # VESPO's kernel W^k e^{lambda (1 - W)} for A >= 0 (c1, c2) ...
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0  # ... and for A < 0 (TRL's and the authors' defaults)
+    vespo_lambda_neg: float = 2.0
 
 
 DEFAULT_LOSS_OPTIONS = LossOptions()

@@ -3,7 +3,7 @@ place where a step's values are read off the recipe and resolved."""
 
 from __future__ import annotations
 
-from gspo_cli.algorithms import CorrectionLimits, LossOptions, resolve_loss_agg
+from gspo_cli.algorithms import CorrectionLimits, resolve_loss_agg
 from gspo_cli.core.engine_catalogue import ROLLOUT_ENGINES
 from gspo_cli.recipe.algorithm import AlgorithmConfig
 from gspo_cli.recipe.rollout import MAX_DYNAMIC_SAMPLING_ROUNDS, RolloutConfig
@@ -51,7 +51,7 @@ def algorithm_settings(config: AlgorithmConfig) -> AlgorithmSettings:
             clip_low=float(config.clip_low),
             clip_high=float(config.clip_high),
             aggregation=resolve_loss_agg(config.name, config.loss_agg),
-            options=LossOptions(sapo_tau_pos=config.sapo_tau_pos, sapo_tau_neg=config.sapo_tau_neg),
+            options=config.loss_options(),
             kl=KlSettings(
                 coef=config.kl_coef,
                 estimator=config.kl_estimator,

@@ -1,4 +1,5 @@
-"""`gspo train` runs each of GSPO's successors (LUSPO, SAPO, GMPO, CISPO) for two steps."""
+"""`gspo train` runs each of GSPO's successors (LUSPO, SAPO, GMPO, CISPO, DPPO TV and KL,
+VESPO) for two steps."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import yaml
 
 from tests.support.helpers import invoke_cli
 
+TOKEN_MEAN = ("cispo", "dppo_tv", "dppo_kl", "vespo")  # their papers' aggregation
 
-@pytest.mark.parametrize("name", ["luspo", "sapo", "gmpo", "cispo"])
+
+@pytest.mark.parametrize("name", ["luspo", "sapo", "gmpo", "cispo", "dppo_tv", "dppo_kl", "vespo"])
 def test_two_training_steps(name: str, tiny_recipe, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     recipe = tiny_recipe(
         algorithm={"name": name, "minibatches": 2},
@@ -31,8 +34,8 @@ def test_two_training_steps(name: str, tiny_recipe, tmp_path: Path) -> None:  # 
         assert math.isfinite(rec["loss"]) and math.isfinite(rec["grad_norm"])
         assert rec["grad_norm"] > 0
         assert 0 <= rec["clip_frac"] <= 1
-        if name == "sapo":  # no hard clip
+        if name in ("sapo", "vespo"):  # no hard clip
             assert rec["clip_frac"] == 0
     resolved = yaml.safe_load((run / "recipe.yaml").read_text())["algorithm"]
     assert resolved["name"] == name
-    assert resolved["loss_agg"] == ("token_mean" if name == "cispo" else "seq_mean_token_mean")
+    assert resolved["loss_agg"] == ("token_mean" if name in TOKEN_MEAN else "seq_mean_token_mean")

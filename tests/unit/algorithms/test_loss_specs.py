@@ -26,6 +26,11 @@ PAPERS: dict[str, tuple[tuple[float, float], str, set[str] | None, bool, bool]] 
     "sapo": ((0.2, 0.2), SMTM, None, False, False),  # a soft gate: the pair is unused
     "gmpo": ((0.4, 0.4), SMTM, None, False, True),  # Table 5, in log space
     "cispo": ((1.0, 0.2), "token_mean", None, False, True),  # Eq. 4; no lower bound
+    # DPPO: the paper's run's deltas (verl examples/dppo_trainer); prime-rl's token mean
+    "dppo_tv": ((0.15, 0.15), "token_mean", None, False, True),
+    "dppo_kl": ((0.05, 0.05), "token_mean", None, False, True),
+    # VESPO: a kernel, no clip; TRL's and the authors' token mean, no length normalisation
+    "vespo": ((0.2, 0.2), "token_mean", {"token_mean"}, False, False),
 }
 THROWAWAY = "test_only_loss"  # registered by one test below, then removed
 

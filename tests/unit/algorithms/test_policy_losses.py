@@ -196,15 +196,17 @@ def test_kl_penalty_off_by_default_and_positive_when_on() -> None:
 
 def test_unknown_names_list_the_known_ones() -> None:
     lp, old, adv, mask = random_batch(0, 2, 3)
-    with pytest.raises(UnknownNameError, match="known: cispo, gmpo, grpo, gspo, gspo_token, luspo"):
+    with pytest.raises(UnknownNameError, match="known: cispo, dppo_kl, dppo_tv, gmpo, grpo, gspo"):
         compute_policy_loss(lp, old, adv, mask, algorithm="ppo", clip_low=0.2, clip_high=0.2)
     with pytest.raises(UnknownNameError, match="seq_mean_token_mean"):
         compute_policy_loss(
             lp, old, adv, mask, algorithm="gspo", clip_low=0.2, clip_high=0.2, loss_agg="x"
         )
     # the successors (losses/luspo.py, sapo.py, gmpo.py, cispo.py) have their own loop
-    # references: test_successor_losses.py
-    assert LOSS_SPECS.names() == sorted([*ALGOS, "luspo", "sapo", "gmpo", "cispo"])
+    # references: test_successor_losses.py; DPPO and VESPO (dppo.py, vespo.py) theirs in
+    # tests/support/loss_reference.py, run on tool trajectories by test_tool_loss.py
+    successors = ["luspo", "sapo", "gmpo", "cispo", "dppo_tv", "dppo_kl", "vespo"]
+    assert LOSS_SPECS.names() == sorted([*ALGOS, *successors])
     assert LOSS_AGGREGATIONS.names() == sorted(AGGS)
 
 

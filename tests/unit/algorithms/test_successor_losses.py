@@ -272,7 +272,8 @@ def test_recipe_takes_each_papers_defaults(
     "text,problem",
     [
         ("algorithm: {name: sapo, sapo_tau_neg: 0}", "algorithm.sapo_tau_neg: Input should be"),
-        ("algorithm: {name: gspo, sapo_tau_pos: 2}", "sapo_tau_pos/sapo_tau_neg have no effect"),
+        ("algorithm: {name: gspo, sapo_tau_pos: 2}", "sapo_tau_pos has no effect with name gspo"),
+        ("algorithm: {name: sapo, vespo_k_neg: 2}", "vespo_k_neg has no effect with name sapo"),
     ],
 )
 def test_sapo_temperatures_are_checked(text: str, problem: str, tmp_path: Path) -> None:

@@ -77,7 +77,7 @@ def test_base_loop_is_reported(tmp_path: Path) -> None:
         ("data:\n  source: missing.jsonl\n", "data.source: file not found: /"),
         (
             "algorithm:\n  name: ppo\n",
-            "algorithm.name: unknown algorithm 'ppo'; known: cispo, gmpo, grpo, gspo, gspo_token",
+            "algorithm.name: unknown algorithm 'ppo'; known: cispo, dppo_kl, dppo_tv, gmpo, grpo",
         ),
         (
             "algorithm:\n  loss_agg: mean\n",
