@@ -18,9 +18,15 @@ in step 1.
 - entropy collapse: entropy < ENTROPY_FLOOR x baseline. A degenerate policy ("1111...", lr=10)
   drops to ~0 within a few steps; healthy sharpening takes hundreds of steps, and the rolling
   baseline follows it.
-- reward crash: the mean of the last CRASH_POINTS rewards < REWARD_KEEP x baseline and at
-  least REWARD_DROP below it (absolute, reward units). Three points, so that one unlucky batch
-  of Q x G samples does not fire.
+- reward crash: the mean of the last CRASH_POINTS rewards < REWARD_KEEP x baseline, at least
+  REWARD_DROP below it (absolute, reward units), and more than REWARD_Z standard errors below
+  it. The standard error is the batch reward's own step-to-step noise, measured on the run:
+  the robust spread (1.4826 x the median absolute deviation) of the WINDOW rewards the baseline
+  is the median of, over sqrt(CRASH_POINTS). That noise is mostly which prompts a step drew:
+  with 8 prompts a step on a task of uneven difficulty (smollm2-chain-sum: "20 + 56" beside
+  "57 - 87"), three hard batches in a row halve the mean with the policy unchanged; with 64
+  prompts the same task's mean barely moves. A collapse moves the mean by many of its spreads.
+  Before WINDOW rewards exist the spread is measured on those there are (from CRASH_POINTS on).
 - ratio blow-up: the sequence ratio s_i (GSPO's length-normalised ratio, logged for every
   algorithm) leaves [1 / RATIO_LIMIT, RATIO_LIMIT] on RATIO_POINTS consecutive steps. After a
   few minibatch updates s_i stays within a percent of 1 in a healthy run; a factor of 2 means
@@ -44,6 +50,11 @@ WARMUP = 5
 ENTROPY_RISE, ENTROPY_RISE_NATS = 3.0, 0.5
 ENTROPY_FLOOR = 0.1
 REWARD_KEEP, REWARD_DROP, CRASH_POINTS = 0.5, 0.15, 3
+# Standard errors of the 3-step mean (one-sided p ~ 0.006 per step if Gaussian). Replayed on 22
+# recorded runs (benchmarks/guard_replay.py): 2.5 raises no false alarm where 0 (the rule
+# without the noise test) raised 3, and catches every planted collapse 0 catches, as early.
+REWARD_Z = 2.5
+MAD_TO_SD = 1.4826  # a normal distribution's sd per median absolute deviation
 RATIO_LIMIT, RATIO_POINTS = 2.0, 2
 HELDOUT_KEEP, HELDOUT_DROP = 0.5, 0.1
 HELDOUT_ALPHA = 0.01  # one-sided level at which a held-out drop is more than evaluation noise
@@ -82,6 +93,14 @@ def heldout_drop_p(best: float, current: float, problems: int) -> float:
         for x in range(high, min(n, total) + 1)
     )
     return min(1.0, math.fsum(tail))
+
+
+def reward_noise(rewards: Iterable[float]) -> float:
+    """A step's reward noise, robustly: 1.4826 x the median absolute deviation from the median
+    (a normal sd; one broken step among the window does not inflate it as an sd would)."""
+    values = list(rewards)
+    centre = statistics.median(values)
+    return MAD_TO_SD * statistics.median(abs(v - centre) for v in values)
 
 
 @dataclass(frozen=True)
@@ -157,9 +176,14 @@ class CollapseDetector:
         if base is None or len(self.recent_rewards) < CRASH_POINTS:
             return None
         recent = statistics.fmean(self.recent_rewards)
-        if recent < REWARD_KEEP * base and base - recent >= REWARD_DROP:
+        noise = reward_noise(self.history["reward_mean"])  # one step's spread
+        error = noise / math.sqrt(CRASH_POINTS)  # the 3-step mean's
+        drop = base - recent
+        if recent < REWARD_KEEP * base and drop >= REWARD_DROP and drop > REWARD_Z * error:
+            errors = f"{drop / error:.1f} standard errors" if error else "no noise before"
             detail = (
-                f"reward {recent:.3f} over {CRASH_POINTS} steps against a baseline of {base:.3f}"
+                f"reward {recent:.3f} over {CRASH_POINTS} steps against a baseline of {base:.3f} "
+                f"({errors}; a step's reward varies by {noise:.3f})"
             )
             return CollapseEvent(step, "reward_crash", detail)
         return None

@@ -89,3 +89,20 @@ def test_non_finite_updates_roll_back_when_on_collapse_is_rollback() -> None:
     assert Guard(3, "warn", 1).failed_update(2, "norm inf").action == "stop"
     # A resumed run keeps the rollbacks it has had.
     assert Guard(3, "rollback", 2, rollbacks=2).failed_update(2, "norm inf").action == "stop"
+
+
+def test_a_reward_dip_is_judged_against_the_runs_own_noise() -> None:
+    """Three hard batches (0.08) on a run whose step reward varies by +-0.1 (8 prompts of
+    uneven difficulty) are noise; the same dip on a run that varies by +-0.01 is a crash."""
+
+    def run(spread: float) -> list[dict[str, float]]:
+        rows = [
+            {**_healthy(s), "reward_mean": 0.25 + spread * math.sin(2.3 * s)} for s in range(1, 16)
+        ]
+        rows += [{**_healthy(s), "reward_mean": 0.08} for s in range(16, 19)]
+        return rows + [{**_healthy(s), "reward_mean": 0.25} for s in range(19, 25)]
+
+    assert replay(run(0.1)) == []
+    (event,) = replay(run(0.01))
+    assert (event.signal, event.step) == ("reward_crash", 18)  # the third hard batch
+    assert "standard errors; a step's reward varies by" in event.detail
