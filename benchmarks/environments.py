@@ -20,7 +20,7 @@ run, one run at a time. A finished run (summary.json) is not run again. Prints; 
 its prompts (the curriculum judges a prompt on its visits); `--visits K` is the curriculum's K.
 
     .venv/bin/python benchmarks/environments.py DIR [--seeds 1,2] [--steps 60] [--every 15]
-        [--train-size N] [--visits K] [--kinds mixture,curriculum,alone]
+        [--train-size N] [--visits K] [--kinds mixture,curriculum,alone] [--recipe R]
 """
 
 from __future__ import annotations
@@ -118,10 +118,13 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--visits", type=int, default=2, help="The curriculum's K.")
     parser.add_argument("--kinds", default="mixture,curriculum,alone")
+    parser.add_argument("--recipe", type=Path, default=MIXTURE, help="The mixture's recipe.")
     args = parser.parse_args()
     folder = args.folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    raw = yaml.safe_load(MIXTURE.read_text())
+    raw = yaml.safe_load(args.recipe.read_text())
+    raw.setdefault("data", {})
+    wanted = set(args.kinds.split(","))
     if args.train_size:
         _shrink(raw, args.train_size)
     names = [env["name"] for env in raw["environments"]]
@@ -137,7 +140,9 @@ def main() -> None:
         seeded = {**start, "trainer": {**start["trainer"], "seed": seed}}
         kinds = {
             "mixture": {},
-            "curriculum": {"data": {**raw["data"], "curriculum": {"enabled": True}}},
+            "curriculum": {
+                "data": {**raw["data"], "curriculum": {"enabled": True, "visits": args.visits}}
+            },
             **{
                 f"alone-{name}": {
                     "environments": [e for e in raw["environments"] if e["name"] == name]
@@ -146,6 +151,8 @@ def main() -> None:
             },
         }
         for kind, changes in kinds.items():
+            if kind.split("-")[0] not in wanted:
+                continue
             out = folder / f"{kind}-seed{seed}"
             recipe = _recipe(folder, f"{kind}-seed{seed}", {**seeded, **changes}, raw)
             _run("train", recipe, out)
@@ -160,7 +167,11 @@ def _report(results: dict[str, dict[int, Path]], names: list[str]) -> None:
         alone = results.get(f"alone-{name}")
         for seed in seeds:
             mixed = _env_accuracy(_evals(results["mixture"][seed])[-1], name)
-            curriculum = _env_accuracy(_evals(results["curriculum"][seed])[-1], name)
+            curriculum = (
+                _env_accuracy(_evals(results["curriculum"][seed])[-1], name)
+                if "curriculum" in results
+                else math.nan
+            )
             own = (
                 ""
                 if alone is None
@@ -176,7 +187,7 @@ def _report(results: dict[str, dict[int, Path]], names: list[str]) -> None:
                 for s in seeds
             ]
             print(f"  {name:12s} mixture - alone: {_mean_and_half(gaps)}")
-    for seed in seeds:
+    for seed in seeds if "curriculum" in results else []:
         uniform, curriculum = results["mixture"][seed], results["curriculum"][seed]
         target, steps = _evals(uniform)[-1]["accuracy"], _evals(uniform)[-1]["step"]
         set_aside = sum(
