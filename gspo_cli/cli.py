@@ -18,7 +18,21 @@ from rich.text import Text
 from gspo_cli.core.engine_catalogue import TRAIN_ENGINES, multi_process_engines
 from gspo_cli.core.errors import GspoError, Stopped
 from gspo_cli.core.registry import UnknownNameError
-from gspo_cli.recipe import RecipeError, dump_recipe_yaml, load_recipe
+from gspo_cli.eval.options import (
+    BenchmarkOpt,
+    CheckpointArg,
+    EvalDataOpt,
+    EvalEngineOpt,
+    EvalOutOpt,
+    EvalRecipeOpt,
+    EvalResumeOpt,
+    MaxNewTokensOpt,
+    PromptTemplateOpt,
+    StandingsOpt,
+    TemperatureOpt,
+    TopPOpt,
+)
+from gspo_cli.recipe import Recipe, RecipeError, dump_recipe_yaml, load_recipe
 from gspo_cli.recipe.loader import recipe_from_overrides
 from gspo_cli.recipe.summary import summary_line
 from gspo_cli.runs.folder import COLD_START, HF_CONFIG, run_dir_of, write_error
@@ -81,29 +95,32 @@ def train(
     hostfile: Annotated[
         Path | None, typer.Option(help="DeepSpeed hostfile: train over ssh, --nproc on each host.")
     ] = None,
+    branch: Annotated[
+        Path | None,
+        typer.Option("--from", help="Branch: a new run from this checkpoint (or run's latest)."),
+    ] = None,
+    step: Annotated[
+        int | None, typer.Option(help="With --from RUN: its step_N checkpoint.")
+    ] = None,
 ) -> None:
     """Run RL training (cold start first when the recipe enables it)."""
     resolved = load_recipe(recipe, set_)  # a bad recipe fails before the heavy imports below
     run_dir = run_dir_of(resolved.trainer.out_dir, resolved.name, out)
-    if resume and resolved.model.lora.r:
-        from gspo_cli.train.run.resume import check_resumed_base
-
-        check_resumed_base(resolved, run_dir)  # before the target check converts the file
-    if resume and resolved.algorithm.distill is not None:
-        from gspo_cli.train.run.teacher import check_resumed_teacher
-
-        check_resumed_teacher(resolved, run_dir)
+    if (branch is not None and resume) or (step is not None and branch is None):
+        raise GspoError(
+            "--from starts a new run (--step picks its checkpoint); --resume continues one"
+        )
+    if resume:
+        _check_resumed_files(resolved, run_dir)
     check_model_fit(recipe, resolved, hub=True)
-    if hostfile is not None:  # before the run folder is made: a bad one leaves nothing behind
-        from gspo_cli.train.engines.multinode import read_hostfile
-
-        read_hostfile(hostfile, nproc)
-    from gspo_cli.train.engines.launch import says_summary
-
-    if says_summary():  # once: not again in each rank that --nproc starts
-        console.print(Text.assemble(("gspo train", "bold"), f" {summary_line(resolved)}"))
+    _before_the_folder(resolved, nproc, hostfile)
     stop_line = _stop_line(lambda: stop_message(run_dir, sys.argv[1:]))
     with stop_line, _writer(run_dir, "gspo train", resume):
+        if branch is not None and "LOCAL_RANK" not in os.environ:  # the launcher branches
+            from gspo_cli.train.run.branch import start_branch
+
+            start_branch(branch, step, run_dir, dump_recipe_yaml(resolved), console)
+        resume = resume or branch is not None  # a branch is resumed from its checkpoint
         from gspo_cli.train.engines.launch import launch, rank_dies_with_launcher, under_launcher
 
         rank_dies_with_launcher()
@@ -138,47 +155,6 @@ def sft(recipe: RecipeArg, set_: SetOpt = None, out: OutOpt = None) -> None:
         from gspo_cli.train.run.loop import run_sft_only
 
         run_sft_only(resolved, dump_recipe_yaml(resolved), run_dir=run_dir, console=console)
-
-
-# `gspo eval`'s options (the command's signature stays one line per flag).
-CheckpointArg = Annotated[
-    str, typer.Argument(help="HF checkpoint folder, .gguf file, run folder or builtin:NAME.")
-]
-BenchmarkOpt = Annotated[
-    str | None,
-    typer.Option(help="aime24, aime25, math500, gsm8k, livecodebench, codeforces, custom."),
-]
-TemperatureOpt = Annotated[float | None, typer.Option(help="Sampling temperature (default 0.6).")]
-TopPOpt = Annotated[float | None, typer.Option("--top-p", help="Nucleus sampling (default 0.95).")]
-MaxNewTokensOpt = Annotated[
-    int | None, typer.Option("--max-new-tokens", help="Response cap (default 1024).")
-]
-EvalDataOpt = Annotated[
-    str | None, typer.Option(help="Local file or folder with the benchmark's data.")
-]
-StandingsOpt = Annotated[str | None, typer.Option(help="CodeForces: CodeElo standings cache.")]
-EvalEngineOpt = Annotated[
-    str | None, typer.Option(help="Rollout engine: hf or vllm (default: the recipe's, or hf).")
-]
-EvalOutOpt = Annotated[Path | None, typer.Option(help="Output folder (default evals/BENCHMARK).")]
-EvalResumeOpt = Annotated[
-    bool, typer.Option("--resume", help="Skip problems already done in --out.")
-]
-EvalRecipeOpt = Annotated[
-    Path | None,
-    typer.Option(
-        help="Take defaults from this recipe's eval section and its data.chat_template(_kwargs); "
-        "`custom` problems get its data.prompt_template and system_prompt, as in training."
-    ),
-]
-PromptTemplateOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--prompt-template",
-        help="Format each question with this ({prompt} = the question) instead of the "
-        "benchmark's instruction.",
-    ),
-]
 
 
 @app.command("eval")
@@ -300,6 +276,31 @@ def watch(
     from gspo_cli.runs.watch_view import watch_run
 
     watch_run(run, console, once=once, interval=interval)
+
+
+def _before_the_folder(resolved: Recipe, nproc: int, hostfile: Path | None) -> None:
+    """A bad hostfile is refused before the run folder is made (it leaves nothing behind); the
+    run's summary line is printed once (not again in each rank that --nproc starts)."""
+    if hostfile is not None:
+        from gspo_cli.train.engines.multinode import read_hostfile
+
+        read_hostfile(hostfile, nproc)
+    from gspo_cli.train.engines.launch import says_summary
+
+    if says_summary():
+        console.print(Text.assemble(("gspo train", "bold"), f" {summary_line(resolved)}"))
+
+
+def _check_resumed_files(resolved: Recipe, run_dir: Path) -> None:
+    """A resumed run's LoRA base and teacher are the files it started with (one line if not)."""
+    if resolved.model.lora.r:
+        from gspo_cli.train.run.resume import check_resumed_base
+
+        check_resumed_base(resolved, run_dir)  # before the target check converts the file
+    if resolved.algorithm.distill is not None:
+        from gspo_cli.train.run.teacher import check_resumed_teacher
+
+        check_resumed_teacher(resolved, run_dir)
 
 
 def _writer(run_dir: Path, command: str, resume: bool = False) -> AbstractContextManager[None]:

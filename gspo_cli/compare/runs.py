@@ -22,6 +22,7 @@ from rich.text import Text
 from gspo_cli.compare.results import EvalResult, read_results
 from gspo_cli.runs.collapse import HeldoutSize
 from gspo_cli.runs.folder import EVALS, EVENTS, METRICS, RECIPE, SUMMARY, iter_jsonl
+from gspo_cli.runs.marker import lineage
 
 # eval.jsonl's answer forms beside accuracy (docs/evaluation.md, "Form and substance")
 HELDOUT_FORM_KEYS = ("answered", "accuracy_any_form", "ran_clean")
@@ -69,6 +70,8 @@ class Run:
     heldout_size: HeldoutSize | None = None  # eval.jsonl's problems x samples, when logged
     # eval.jsonl's answer forms by step: answered, accuracy_any_form, ran_clean (when logged)
     heldout_forms: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    # a branch's parent folder and step (gspo train --from): its records start there
+    lineage: dict[str, Any] | None = None
 
     def setting(self, dotted: str) -> Any:
         """A recipe value such as `algorithm.name`, or None when the recipe lacks it."""
@@ -241,12 +244,16 @@ def load_run(path: Path, problems: Problems) -> Run | None:
         return None
     recipe = _read_recipe(path, problems)
     evals = read_records(path / EVALS, problems) if (path / EVALS).is_file() else []
+    parent = lineage(path)
+    if parent is not None:  # a branch is drawn from its parent's step on, not its copies
+        records = [r for r in records if r["step"] >= parent["step"]]
+        evals = [r for r in evals if r["step"] >= parent["step"]]
     heldout = _read_heldout(path, records, evals, problems)
     events = [e for _, e in iter_jsonl(path / EVENTS) if e] if (path / EVENTS).is_file() else []
     results = read_results(path, problems.warning)
     size = _heldout_size(evals)
     forms = _heldout_forms(evals)
-    return Run(path, path.name, recipe, records, heldout, results, events, size, forms)
+    return Run(path, path.name, recipe, records, heldout, results, events, size, forms, parent)
 
 
 def load_runs(

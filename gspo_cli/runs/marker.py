@@ -21,6 +21,7 @@ import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from gspo_cli import __version__
 from gspo_cli.core.errors import GspoError
@@ -63,6 +64,16 @@ def folder_kind(folder: Path) -> str | None:
     if (folder / SETTINGS).is_file() and names <= EVAL_FILES:
         return EVAL
     return None
+
+
+def lineage(run_dir: Path) -> dict[str, Any] | None:
+    """The run's parent folder and branch step, when it was made with --from."""
+    try:
+        record = json.loads((run_dir / RUN_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    found = record.get("lineage") if isinstance(record, dict) else None
+    return found if isinstance(found, dict) and isinstance(found.get("step"), int) else None
 
 
 def is_run_folder(path: Path) -> bool:

@@ -77,7 +77,9 @@ def with_defaults(tree: Any, defaults: Any) -> Any:
     return {**missing, **{key: with_defaults(v, defaults.get(key)) for key, v in tree.items()}}
 
 
-def _saved_changes(run_dir: Path, recipe_yaml: str) -> dict[str, tuple[Any, Any]]:
+def saved_changes(run_dir: Path, recipe_yaml: str) -> dict[str, tuple[Any, Any]]:
+    """Every setting `recipe_yaml` changes from the run folder's saved recipe (defaults filled
+    in on both sides): key -> (old, new)."""
     saved = run_dir / RECIPE
     if not saved.is_file():
         return {}
@@ -92,14 +94,14 @@ def _show(value: Any) -> str:
 
 def resume_changes(run_dir: Path, recipe_yaml: str) -> list[str]:
     """`resume: KEY OLD -> NEW` for each setting that differs from the run folder's recipe."""
-    changed = _saved_changes(run_dir, recipe_yaml)
+    changed = saved_changes(run_dir, recipe_yaml)
     return [f"resume: {k} {_show(a)} -> {_show(b)}" for k, (a, b) in sorted(changed.items())]
 
 
 def check_resumable(run_dir: Path, recipe_yaml: str) -> None:
     """What --resume reuses must come from the same recipe: all but RESUMABLE_CHANGES with a
     checkpoint, the cold start's inputs with only a cold start, nothing otherwise."""
-    changed = _saved_changes(run_dir, recipe_yaml)
+    changed = saved_changes(run_dir, recipe_yaml)
     saved = run_dir / RECIPE
     if (run_dir / CHECKPOINTS / LATEST).is_file():
         refused = sorted(k for k in changed if not _matches(k, RESUMABLE_CHANGES))
