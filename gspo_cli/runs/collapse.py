@@ -20,9 +20,10 @@ in step 1.
   baseline follows it.
 - reward crash: the mean of the last CRASH_POINTS rewards < REWARD_KEEP x baseline, at least
   REWARD_DROP below it (absolute, reward units), and more than REWARD_Z standard errors below
-  it. The standard error is the batch reward's own step-to-step noise, measured on the run:
-  the robust spread (1.4826 x the median absolute deviation) of the WINDOW rewards the baseline
-  is the median of, over sqrt(CRASH_POINTS). That noise is mostly which prompts a step drew:
+  it. The baseline is the median of the WINDOW rewards before those CRASH_POINTS (a collapse's
+  first steps do not drag it down). The standard error is the batch reward's own step-to-step
+  noise, measured on the run: the robust spread (1.4826 x the median absolute deviation) of
+  the rewards kept (the baseline's and the window's earlier ones), over sqrt(CRASH_POINTS). That noise is mostly which prompts a step drew:
   with 8 prompts a step on a task of uneven difficulty (smollm2-chain-sum: "20 + 56" beside
   "57 - 87"), three hard batches in a row halve the mean with the policy unchanged; with 64
   prompts the same task's mean barely moves. A collapse moves the mean by many of its spreads.
@@ -50,10 +51,11 @@ WARMUP = 5
 ENTROPY_RISE, ENTROPY_RISE_NATS = 3.0, 0.5
 ENTROPY_FLOOR = 0.1
 REWARD_KEEP, REWARD_DROP, CRASH_POINTS = 0.5, 0.15, 3
-# Standard errors of the 3-step mean (one-sided p ~ 0.006 per step if Gaussian). Replayed on 22
-# recorded runs (benchmarks/guard_replay.py): 2.5 raises no false alarm where 0 (the rule
-# without the noise test) raised 3, and catches every planted collapse 0 catches, as early.
-REWARD_Z = 2.5
+# Standard errors of the 3-step mean (one-sided p ~ 0.001 per step if Gaussian). Replayed on 22
+# recorded runs (benchmarks/guard_replay.py; docs/guards-and-reliability.md): no false alarm
+# where the rule without the noise test raised 3; every planted fall to 0 or to a tenth that
+# it catches is caught, some one step later.
+REWARD_Z = 3.0
 MAD_TO_SD = 1.4826  # a normal distribution's sd per median absolute deviation
 RATIO_LIMIT, RATIO_POINTS = 2.0, 2
 HELDOUT_KEEP, HELDOUT_DROP = 0.5, 0.1
@@ -131,7 +133,9 @@ class CollapseDetector:
         return statistics.median(values) if values and len(values) >= warmup else None
 
     def _remember(self, key: str, value: float) -> None:
-        self.history.setdefault(key, deque(maxlen=WINDOW)).append(value)
+        # rewards keep the window's earlier steps too: the baseline is the WINDOW before them
+        size = WINDOW + CRASH_POINTS - 1 if key == "reward_mean" else WINDOW
+        self.history.setdefault(key, deque(maxlen=size)).append(value)
 
     def observe(self, step: int, metrics: Mapping[str, float]) -> list[CollapseEvent]:
         events = [
@@ -172,11 +176,16 @@ class CollapseDetector:
         if value is None or not math.isfinite(value):
             return None
         self.recent_rewards.append(float(value))
-        base = self._baseline("reward_mean", warmup=CRASH_POINTS)
-        if base is None or len(self.recent_rewards) < CRASH_POINTS:
+        before = list(self.history.get("reward_mean", ()))
+        if len(before) < CRASH_POINTS or len(self.recent_rewards) < CRASH_POINTS:
             return None
+        # The baseline is the steps before the window (once enough precede it): a collapse's
+        # first steps must not drag it down. The noise counts the window's earlier steps too:
+        # a run of hard batches widens it, as it should, while a collapse is caught first.
+        earlier = before[: -(CRASH_POINTS - 1)]
+        base = statistics.median((earlier if len(earlier) >= CRASH_POINTS else before)[-WINDOW:])
         recent = statistics.fmean(self.recent_rewards)
-        noise = reward_noise(self.history["reward_mean"])  # one step's spread
+        noise = reward_noise(before)  # one step's spread
         error = noise / math.sqrt(CRASH_POINTS)  # the 3-step mean's
         drop = base - recent
         if recent < REWARD_KEEP * base and drop >= REWARD_DROP and drop > REWARD_Z * error:
