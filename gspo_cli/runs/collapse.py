@@ -23,11 +23,12 @@ in step 1.
   it. The baseline is the median of the WINDOW rewards before those CRASH_POINTS (a collapse's
   first steps do not drag it down). The standard error is the batch reward's own step-to-step
   noise, measured on the run: the robust spread (1.4826 x the median absolute deviation) of
-  the rewards kept (the baseline's and the window's earlier ones), over sqrt(CRASH_POINTS). That noise is mostly which prompts a step drew:
-  with 8 prompts a step on a task of uneven difficulty (smollm2-chain-sum: "20 + 56" beside
-  "57 - 87"), three hard batches in a row halve the mean with the policy unchanged; with 64
-  prompts the same task's mean barely moves. A collapse moves the mean by many of its spreads.
-  Before WINDOW rewards exist the spread is measured on those there are (from CRASH_POINTS on).
+  the rewards kept (the baseline's and the window's earlier ones), over sqrt(CRASH_POINTS).
+  That noise is mostly which prompts a step drew: with 8 prompts a step on a task of uneven
+  difficulty (smollm2-chain-sum: "20 + 56" beside "57 - 87"), three hard batches in a row
+  halve the mean with the policy unchanged; with 64 prompts the same task's mean barely moves.
+  A collapse moves the mean by many of its spreads. Before WINDOW rewards exist the spread is
+  measured on those there are (from CRASH_POINTS on).
 - ratio blow-up: the sequence ratio s_i (GSPO's length-normalised ratio, logged for every
   algorithm) leaves [1 / RATIO_LIMIT, RATIO_LIMIT] on RATIO_POINTS consecutive steps. After a
   few minibatch updates s_i stays within a percent of 1 in a healthy run; a factor of 2 means

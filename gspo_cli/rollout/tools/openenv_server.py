@@ -199,6 +199,16 @@ class OpenEnvServer:
             f"({problem})"
         )
 
+    def healthy(self) -> bool:
+        """Whether the server answers /health now (a short deadline)."""
+        if self.process is not None and self.process.poll() is not None:
+            return False
+        try:
+            _get_json(self.url + "/health", 5.0)
+        except (OSError, ValueError):
+            return False
+        return True
+
     def raise_if_gone(self) -> None:
         """GspoError when a server started here has exited (with its last log line)."""
         if self.process is None or self.process.poll() is None:

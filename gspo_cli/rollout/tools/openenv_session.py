@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 SERVER_ERROR = "Server error: "  # how openenv's client words an error the server answered
+CAPACITY = "CAPACITY_REACHED"  # the server's code for "no session left" (max_concurrent_envs)
 OBSERVATION_BOOKKEEPING = ("done", "reward", "metadata")  # an observation's fields not shown
 
 
@@ -168,11 +169,23 @@ class OpenEnvToolbox:
             client.close()
             if not str(exc).startswith(SERVER_ERROR):
                 raise self._gone(exc) from None
+            if CAPACITY in str(exc):
+                raise self._refused(str(exc)) from None
             raise GspoError(f"{OPENENV}: {self.server.target}: reset failed ({exc})") from None
         except Exception as exc:
             client.close()
+            if self.server.healthy():  # alive, yet it closed the new session: its capacity
+                raise self._refused(f"it closed the session at once: {first_line(exc)}") from None
             raise self._gone(exc) from None
         self.client = client
+
+    def _refused(self, why: str) -> GspoError:
+        """A live server that takes no new session: most likely its max_concurrent_envs."""
+        return GspoError(
+            f"{OPENENV}: {self.server.target}: the server refused a session ({why}); each "
+            "trajectory of a generation holds one at once (prompts x samples): raise "
+            "max_concurrent_envs in its create_app"
+        )
 
     def _gone(self, exc: BaseException) -> GspoError:
         """The run's end when the server cannot be reached: why, in one line."""

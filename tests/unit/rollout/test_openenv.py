@@ -83,7 +83,7 @@ class GuessEnvironment(Environment):
 
 
 app = create_app(GuessEnvironment, GuessAction, GuessObservation, env_name="guess",
-                 max_concurrent_envs=16)
+                 max_concurrent_envs=6)
 '''
 
 
@@ -290,3 +290,13 @@ def test_without_the_extra_the_line_names_it(monkeypatch) -> None:  # type: igno
         GspoError, match=r"needs openenv-core: pip install 'gspo-cli\[environments\]'"
     ):
         action_schema("http://127.0.0.1:9/no-extra")
+
+
+def test_a_server_out_of_sessions_is_one_line_naming_its_setting(server: OpenEnvServer) -> None:
+    boxes = [toolbox(server, {"seed": i}) for i in range(6)]  # max_concurrent_envs 6
+    try:
+        with pytest.raises(GspoError, match=r"refused a session .* raise max_concurrent_envs"):
+            toolbox(server, {"seed": 6})
+    finally:
+        for box in boxes:
+            box.close()
