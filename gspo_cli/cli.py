@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import os
 import sys
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -17,6 +16,7 @@ from rich.text import Text
 
 from gspo_cli.core.engine_catalogue import TRAIN_ENGINES, multi_process_engines
 from gspo_cli.core.errors import GspoError, Stopped
+from gspo_cli.core.quiet import quiet_libraries
 from gspo_cli.core.registry import UnknownNameError
 from gspo_cli.eval.options import (
     BenchmarkOpt,
@@ -29,13 +29,14 @@ from gspo_cli.eval.options import (
     MaxNewTokensOpt,
     PromptTemplateOpt,
     StandingsOpt,
+    StepsOpt,
     TemperatureOpt,
     TopPOpt,
 )
 from gspo_cli.recipe import Recipe, RecipeError, dump_recipe_yaml, load_recipe
 from gspo_cli.recipe.loader import recipe_from_overrides
 from gspo_cli.recipe.summary import summary_line
-from gspo_cli.runs.folder import COLD_START, HF_CONFIG, run_dir_of, write_error
+from gspo_cli.runs.folder import COLD_START, EVAL_DIR, HF_CONFIG, run_dir_of, write_error
 from gspo_cli.train.run.preflight import check_model_fit
 from gspo_cli.train.run.signals import (
     INTERRUPT_EXIT,
@@ -176,21 +177,18 @@ def eval_(
     resume: EvalResumeOpt = False,
     recipe: EvalRecipeOpt = None,
     prompt_template: PromptTemplateOpt = None,
+    steps: StepsOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Evaluate a checkpoint on a benchmark: avg@k, pass@k, maj@k, Elo, with intervals; with
-    --recipe and no benchmark, on each of the recipe's environments' held-out sets."""
+    --recipe and no benchmark, on each of the recipe's environments' held-out sets; with a run
+    folder and --steps, each of its checkpoints, as one curve."""
     from gspo_cli.eval.runner import run_eval
     from gspo_cli.sandbox.isolation import allow_weak_isolation
 
     resolved = load_recipe(recipe, set_) if recipe else recipe_from_overrides(set_)
     if recipe and benchmark is None and resolved.eval.benchmark is None:
-        # no benchmark: the recipe's environments, each on its held-out set, as training does
-        from gspo_cli.train.run.environment_eval import evaluate_environments
-
-        folder = out or Path("evals") / "heldout"
-        with _stop_line(lambda: eval_stop_message(folder, sys.argv[1:])), stop_on_signals(0):
-            evaluate_environments(checkpoint, resolved, engine, folder, console)
+        _evaluate_environments(checkpoint, resolved, engine, out)
         return
     flags = {
         "benchmark": benchmark,
@@ -209,8 +207,14 @@ def eval_(
 
     settings = eval_settings(checkpoint, flags, engine, prompt_template, recipe, resolved)
     allow_weak_isolation(resolved.reward.sandbox.allow_weak_isolation)
-    folder = out or Path("evals") / settings.benchmark
+    curve = Path(checkpoint) / EVAL_DIR / f"{settings.benchmark}-curve"
+    folder = out or (curve if steps else Path("evals") / settings.benchmark)
     with _stop_line(lambda: eval_stop_message(folder, sys.argv[1:])), stop_on_signals(0):
+        if steps:
+            from gspo_cli.eval.curve import evaluate_curve
+
+            evaluate_curve(Path(checkpoint), steps, settings, folder, console)
+            return
         run_eval(settings, folder, resume=resume, console=console)
 
 
@@ -278,6 +282,18 @@ def watch(
     watch_run(run, console, once=once, interval=interval)
 
 
+def _evaluate_environments(
+    checkpoint: str, resolved: Recipe, engine: str | None, out: Path | None
+) -> None:
+    """`gspo eval --recipe` with no benchmark: the recipe's environments, each on its held-out
+    set, as training evaluates them."""
+    from gspo_cli.train.run.environment_eval import evaluate_environments
+
+    folder = out or Path("evals") / "heldout"
+    with _stop_line(lambda: eval_stop_message(folder, sys.argv[1:])), stop_on_signals(0):
+        evaluate_environments(checkpoint, resolved, engine, folder, console)
+
+
 def _before_the_folder(resolved: Recipe, nproc: int, hostfile: Path | None) -> None:
     """A bad hostfile is refused before the run folder is made (it leaves nothing behind); the
     run's summary line is printed once (not again in each rank that --nproc starts)."""
@@ -333,29 +349,9 @@ def _stop_line(message: Callable[[], str]) -> Iterator[None]:
         raise typer.Exit(code) from None
 
 
-def _quiet_libraries() -> None:
-    """Our own progress display replaces the libraries' bars and info logs."""
-
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_VERBOSITY", "error")
-    os.environ.setdefault("DATASETS_VERBOSITY", "error")
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if "datasets" in sys.modules:  # imported already (a host process): the variable came late
-        sys.modules["datasets"].disable_progress_bars()
-    # DeepSpeed 0.19's ZeRO calls this, deprecated in torch 2.13: one warning per rank per run
-    # that a user can do nothing about.
-    warnings.filterwarnings(
-        "ignore",
-        message=r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
-        category=FutureWarning,
-    )
-
-
 def main() -> None:
     """Console-script entry: user errors become one line per problem and exit code 2."""
-    _quiet_libraries()
+    quiet_libraries()
     try:
         app()  # Typer/click handle usage errors themselves (exit 2).
     except RecipeError as exc:

@@ -45,3 +45,10 @@ PromptTemplateOpt = Annotated[
         "benchmark's instruction.",
     ),
 ]
+StepsOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="With a run folder: evaluate its checkpoints as one curve, all or steps such as "
+        "50,100 (output RUN/eval/BENCHMARK-curve; resumable)."
+    ),
+]

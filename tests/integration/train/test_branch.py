@@ -110,3 +110,28 @@ def test_a_branch_never_writes_into_a_run(parent: tuple[Path, Path], tmp_path: P
     (other / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 0.0}) + "\n")
     begun = run_cli("train", str(recipe), "--out", str(other), "--from", str(parent_run))
     assert begun.returncode == 2 and "already exists" in begun.stderr, begun.stderr
+
+
+def test_a_runs_checkpoints_evaluate_as_one_curve_and_resume(
+    parent: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """`gspo eval RUN --benchmark custom --steps all`: each kept checkpoint, one curve."""
+    _, run = parent
+    data = tmp_path / "problems.jsonl"
+    rows = [{"id": f"p{i}", "question": f"Compute {i}+1.", "answer": str(i + 1)} for i in range(3)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "curve"
+    args = ["eval", str(run), "--benchmark", "custom", "--data", str(data), "--samples", "2"]
+    args += ["--max-new-tokens", "8", "--out", str(out), "--steps", "all"]
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    curve = json.loads((out / "curve.json").read_text())
+    assert [p["step"] for p in curve["points"]] == [2, 4]
+    assert all("avg@2" in p["metrics"] for p in curve["points"]), curve
+    assert (out / "curve.png").stat().st_size > 0
+    table = (out / "curve.md").read_text()
+    assert "| 2 |" in table and "| 4 |" in table
+    again = run_cli(*args)  # resumable: a finished step is not run again
+    assert again.returncode == 0 and again.stdout.count("done already") == 2, again.stdout
+    bad = run_cli(*args[:-1], "3")
+    assert bad.returncode == 2 and "keeps no checkpoint at step 3 (kept: 2, 4)" in bad.stderr
