@@ -66,6 +66,9 @@ def _title(key: str) -> tuple[str, str]:
     metric's own key."""
     if key.startswith("heldout_env/"):
         return f"Held-out accuracy: environment {key.split('/')[1]}", "accuracy"
+    if key.startswith("heldout_curve/"):  # gspo eval RUN --steps
+        _, benchmark, metric = key.split("/", 2)
+        return f"{benchmark} {metric} at the run's checkpoints", metric
     return key, key
 
 

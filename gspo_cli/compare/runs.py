@@ -19,9 +19,9 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
-from gspo_cli.compare.results import EvalResult, read_results
+from gspo_cli.compare.results import EvalResult, parse_entry, read_results
 from gspo_cli.runs.collapse import HeldoutSize
-from gspo_cli.runs.folder import EVALS, EVENTS, METRICS, RECIPE, SUMMARY, iter_jsonl
+from gspo_cli.runs.folder import EVAL_DIR, EVALS, EVENTS, METRICS, RECIPE, SUMMARY, iter_jsonl
 from gspo_cli.runs.marker import lineage
 
 # eval.jsonl's answer forms beside accuracy (docs/evaluation.md, "Form and substance")
@@ -192,6 +192,28 @@ def _read_heldout(run_dir: Path, records: Records, evals: Records, problems: Pro
     return sorted(by_step.items())
 
 
+CURVE_PREFIX = "curve/"  # curve/BENCHMARK/METRIC: `gspo eval RUN --steps` (eval/curve.py)
+
+
+def _curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """The benchmark curves `gspo eval RUN --steps` wrote in the run folder: each avg@k by
+    step, as curve/BENCHMARK/avg@k."""
+    found: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(run_dir.glob(f"{EVAL_DIR}/*/curve.json")):
+        try:
+            curve = json.loads(path.read_text(encoding="utf-8"))
+            points = [(int(p["step"]), p["metrics"]) for p in curve["points"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a curve being written, or not ours
+        for step, metrics in points:
+            for name, entry in metrics.items():
+                parsed = parse_entry(entry)
+                if name.startswith("avg@") and parsed is not None:
+                    key = f"{CURVE_PREFIX}{curve.get('benchmark', path.parent.name)}/{name}"
+                    found.setdefault(key, []).append((step, parsed[0]))
+    return found
+
+
 def _heldout_forms(evals: Records) -> dict[str, list[tuple[int, float]]]:
     """eval.jsonl's answer forms beside held-out accuracy (train/run/heldout.py), by step."""
     forms: dict[str, list[tuple[int, float]]] = {}
@@ -252,7 +274,7 @@ def load_run(path: Path, problems: Problems) -> Run | None:
     events = [e for _, e in iter_jsonl(path / EVENTS) if e] if (path / EVENTS).is_file() else []
     results = read_results(path, problems.warning)
     size = _heldout_size(evals)
-    forms = _heldout_forms(evals)
+    forms = {**_heldout_forms(evals), **_curves(path)}
     return Run(path, path.name, recipe, records, heldout, results, events, size, forms, parent)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gspo_cli.compare.runs import HELDOUT_FORM_KEYS, Run, is_environment_key
+from gspo_cli.compare.runs import CURVE_PREFIX, HELDOUT_FORM_KEYS, Run, is_environment_key
 
 X_LABELS = {
     "step": "RL step",
@@ -36,16 +36,23 @@ JUDGES = (("judge_train/mean", "judge_train"), ("judge_heldout/mean", "judge_hel
 HELDOUT_ENVIRONMENT = "heldout_"
 
 
+def _sparse_form(key: str) -> bool:
+    """An environment's held-out accuracy (env/NAME/accuracy) or a benchmark curve of the
+    run's checkpoints (curve/BENCHMARK/avg@k), with or without the heldout_ prefix."""
+    stripped = key.removeprefix(HELDOUT_ENVIRONMENT)
+    return is_environment_key(stripped) or stripped.startswith(CURVE_PREFIX)
+
+
 def environment_heldout_keys(runs: list[Run]) -> list[str]:
-    """heldout_env/NAME/accuracy for each environment any of `runs` evaluated, sorted."""
-    found = {key for run in runs for key in run.heldout_forms if is_environment_key(key)}
+    """heldout_env/NAME/accuracy for each environment any of `runs` evaluated, and
+    heldout_curve/BENCHMARK/avg@k for each benchmark curve (`gspo eval RUN --steps`), sorted."""
+    found = {key for run in runs for key in run.heldout_forms if _sparse_form(key)}
     return sorted(HELDOUT_ENVIRONMENT + key for key in found)
 
 
 def is_heldout(key: str) -> bool:
     """A curve of the sparse held-out evaluations: never smoothed."""
-    environment = is_environment_key(key.removeprefix(HELDOUT_ENVIRONMENT))
-    return key == HELDOUT or key in HELDOUT_FORMS or key in dict(JUDGES) or environment
+    return key == HELDOUT or key in HELDOUT_FORMS or key in dict(JUDGES) or _sparse_form(key)
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,7 @@ def metric_series(run: Run, key: str) -> Series | None:
     heldout_env/NAME/accuracy: one environment's held-out accuracy (a mixture).
     ratio_spread: seq_ratio_max - seq_ratio_min per step.
     """
-    if key in HELDOUT_FORMS or is_environment_key(key.removeprefix(HELDOUT_ENVIRONMENT)):
+    if key in HELDOUT_FORMS or _sparse_form(key):
         points = run.heldout_forms.get(HELDOUT_FORMS.get(key, key.removeprefix("heldout_")))
         if not points:
             return None

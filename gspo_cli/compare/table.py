@@ -204,8 +204,13 @@ def _heldout_rows(cmp: Comparison) -> list[RowSpec]:
     for key, prefix in JUDGES:  # judge hacking shows as these two parting ways
         label = f"{prefix.replace('_', ' ')} first → last"
         specs.append(RowSpec(label, key, _first_last(prefix, "{:.3f}"), f"{prefix}_last"))
-    for key in cmp.environment_keys:  # a mixture: each environment's own held-out set
-        label = f"held-out {key.split('/')[1]} first → last"
+    for key in cmp.environment_keys:  # a mixture's environments; benchmark curves (--steps)
+        _, name, metric = key.split("/", 2)
+        label = (
+            f"{name} {metric} first → last"
+            if key.startswith("heldout_curve/")
+            else (f"held-out {name} first → last")
+        )
         specs.append(RowSpec(label, key, _first_last(key), f"{key}_last", points))
     labels = dict.fromkeys(label for r in cmp.reports for label in r.stats["eval"])
     specs += [RowSpec(f"eval {lb}", "eval", _eval_cell(lb), f"eval:{lb}") for lb in labels]

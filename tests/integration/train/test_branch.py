@@ -135,3 +135,12 @@ def test_a_runs_checkpoints_evaluate_as_one_curve_and_resume(
     assert again.returncode == 0 and again.stdout.count("done already") == 2, again.stdout
     bad = run_cli(*args[:-1], "3")
     assert bad.returncode == 2 and "keeps no checkpoint at step 3 (kept: 2, 4)" in bad.stderr
+    # gspo compare draws the curve beside the held-out curve when it is in the run folder
+    inside = ["eval", str(run), "--benchmark", "custom", "--data", str(data), "--samples", "2"]
+    made = run_cli(*inside, "--max-new-tokens", "8", "--steps", "2,4")
+    assert made.returncode == 0, made.stderr[-2000:]
+    compared = run_cli("compare", str(run), "--out", str(tmp_path / "cmp"))
+    assert compared.returncode == 0, compared.stderr[-2000:]
+    summary = (tmp_path / "cmp" / "summary.md").read_text()
+    assert "custom avg@2 first → last" in summary
+    assert any("curve" in p.name for p in (tmp_path / "cmp").glob("*.png"))
