@@ -12,7 +12,7 @@ $(BIN)/gspo: pyproject.toml requirements-nodeps.txt
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch first, pinned: an unpinned torch requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev,deepspeed,environments]"
+	$(BIN)/pip install --quiet -e ".[dev,deepspeed,environments,trackers]"
 	$(BIN)/pip install --quiet --no-deps -r requirements-nodeps.txt
 	touch $(BIN)/gspo
 

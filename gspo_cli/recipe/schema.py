@@ -10,6 +10,7 @@ trainer: optimizer, cold start, trainer and DeepSpeed), and `section` holds what
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -59,11 +60,39 @@ class EvalConfig(Section):
     _data_exists = field_validator("data", "standings")(check_exists)
 
 
+TRACKERS_EXTRA = "pip install 'gspo-cli[trackers]'"
+TRACKER_PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow",
+                    "trackio": "trackio"}  # fmt: skip
+
+
 class LoggingConfig(Section):
-    wandb: bool = Field(False, description="Log metrics to Weights & Biases.")
+    backends: list[Literal["wandb", "tensorboard", "mlflow", "trackio"]] = Field(
+        default_factory=list,
+        description="Trackers beside the run folder's own record (docs/training.md): wandb, "
+        "tensorboard, mlflow, trackio.",
+    )
+    wandb: bool = Field(False, description="Log metrics to Weights & Biases (= backends: [wandb]).")
     wandb_project: str = Field("gspo-cli", description="wandb project.")
     wandb_mode: Literal["online", "offline"] = Field("offline", description="wandb mode.")
+    project: str = Field("gspo-cli", description="mlflow's experiment and trackio's project.")
+    mlflow_uri: str | None = Field(
+        None, description="mlflow's tracking URI; None: a file store in the run folder (mlruns/)."
+    )
     console: Literal["rich", "plain"] = Field("rich", description="Progress display.")
+
+    @field_validator("backends")
+    @classmethod
+    def _packages_installed(cls, backends: list[str]) -> list[str]:
+        for backend in backends:
+            if importlib.util.find_spec(TRACKER_PACKAGES[backend]) is None:
+                raise ValueError(
+                    f"{backend} needs the {TRACKER_PACKAGES[backend]} package: {TRACKERS_EXTRA}"
+                )
+        return list(dict.fromkeys(backends))
+
+    def trackers(self) -> list[str]:
+        """The backends a run reports to: `backends`, with wandb when `wandb` is true."""
+        return list(dict.fromkeys([*(["wandb"] if self.wandb else []), *self.backends]))
 
 
 class Recipe(Section):

@@ -1,5 +1,5 @@
 """The run folder's record: metrics.jsonl, samples.jsonl, eval.jsonl, events.jsonl, the
-summary.json a run ends with, and optional wandb."""
+summary.json a run ends with, and the trackers beside it (train/run/trackers.py)."""
 
 from __future__ import annotations
 
@@ -33,14 +33,14 @@ def _clean(value: Any) -> Any:
 class RunLog:
     """Appends one JSON line per record, flushed and fsynced (a kill loses at most one line)."""
 
-    def __init__(self, run_dir: Path, wandb_run: Any = None, *, enabled: bool = True) -> None:
+    def __init__(self, run_dir: Path, trackers: list[Any] | None = None, *, enabled: bool = True):
         self.run_dir = run_dir
-        self.wandb_run = wandb_run
+        self.trackers = list(trackers or [])  # train/run/trackers.py: never raise
         self.enabled = enabled  # only rank 0 writes the run folder
 
     def close(self) -> None:
-        if self.wandb_run is not None:
-            self.wandb_run.finish()
+        for tracker in self.trackers:
+            tracker.close()
 
     def append(self, name: str, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -49,13 +49,13 @@ class RunLog:
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         self.append(METRICS, {"step": step, **values})
-        if self.wandb_run is not None:
-            self.wandb_run.log(values, step=step)
+        for tracker in self.trackers:
+            tracker.log(values, step)
 
     def evaluation(self, step: int, values: dict[str, float]) -> None:
         self.append(EVALS, {"step": step, **values})
-        if self.wandb_run is not None:
-            self.wandb_run.log({f"heldout/{k}": v for k, v in values.items()}, step=step)
+        for tracker in self.trackers:
+            tracker.log({f"heldout/{k}": v for k, v in values.items()}, step)
 
     def event(self, record: dict[str, Any]) -> None:
         """A guard event (skipped updates, collapse, rollback, stop): kept across rollbacks

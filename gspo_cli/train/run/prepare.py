@@ -11,7 +11,6 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from rich.console import Console
@@ -60,7 +59,7 @@ from gspo_cli.train.run.cold_start import load_recipe_model, run_cold_start
 from gspo_cli.train.run.environments import RunEnvironments, any_tools, load_environments
 from gspo_cli.train.run.folder import prepare_run_dir
 from gspo_cli.train.run.guard import rollback_target
-from gspo_cli.train.run.log import RunLog, start_wandb
+from gspo_cli.train.run.log import RunLog
 from gspo_cli.train.run.problem_sets import Problems
 from gspo_cli.train.run.reference import BaseReference, reference_state
 from gspo_cli.train.run.resume import resume_changes, resume_from_checkpoint
@@ -68,6 +67,7 @@ from gspo_cli.train.run.signals import StopRequest
 from gspo_cli.train.run.state import RunState
 from gspo_cli.train.run.step_settings import step_settings
 from gspo_cli.train.run.teacher import check_teacher, load_teacher, record_teacher
+from gspo_cli.train.run.trackers import start_trackers
 from gspo_cli.train.step.distill import Teacher
 from gspo_cli.train.step.environments import (
     StepEnvironment,
@@ -206,13 +206,14 @@ def prepare_run(
     services = _reward_services(math_pool, run_dir, ctx.rank, device)
     step_environments = open_environments(environments.plans(), rollout_engine, spec, services)
     sampler = environments.sampler(recipe)
-    wandb_run = _wandb(recipe, run_dir, resume) if ctx.is_main else None
-    log = RunLog(run_dir, wandb_run, enabled=ctx.is_main)
+    log = RunLog(run_dir, enabled=ctx.is_main)
     state = RunState()
     if resume:
         state = resume_from_checkpoint(
             run_dir, recipe, engine, sampler, log, ref_engine, ctx, console
         )
+    if ctx.is_main:  # after the resume: a tracker continues from the checkpoint's step
+        log.trackers = start_trackers(recipe, run_dir, state.step, console)
     else:
         torch.manual_seed(recipe.trainer.seed)
     settings = step_settings(recipe, int(tokenizer.pad_token_id), ctx.world)
@@ -339,17 +340,3 @@ def _lora_start(
     adapters.name_base(base_name(recipe, run_dir), base_sha256(recipe))
     console.print(trainable_line(adapters, recipe.model.lora), highlight=False, soft_wrap=True)
     return BaseReference(engine, adapters) if recipe.algorithm.kl_coef else None
-
-
-def _wandb(recipe: Recipe, run_dir: Path, resume: bool) -> Any:
-    if not recipe.logging.wandb:
-        return None
-    cfg = recipe.logging
-    return start_wandb(
-        run_dir,
-        cfg.wandb_project,
-        cfg.wandb_mode,
-        recipe.name,
-        recipe.model_dump(mode="json"),
-        resume=resume,
-    )
