@@ -52,6 +52,14 @@ class RunLog:
         for tracker in self.trackers:
             tracker.log(values, step)
 
+    def samples(self, step: int, records: list[dict[str, Any]]) -> None:
+        """A step's logged samples: samples.jsonl, and a table in the trackers that have one."""
+        for record in records:
+            self.append(SAMPLES, record)
+        if records and self.enabled:
+            for tracker in self.trackers:
+                tracker.samples(records, step)
+
     def evaluation(self, step: int, values: dict[str, float]) -> None:
         self.append(EVALS, {"step": step, **values})
         for tracker in self.trackers:

@@ -26,7 +26,6 @@ from gspo_cli.runs.collapse import CollapseDetector, HeldoutSize
 from gspo_cli.runs.folder import (
     CHECKPOINTS,
     COLD_START,
-    SAMPLES,
     step_folder,
 )
 from gspo_cli.sandbox.isolation import allow_weak_isolation
@@ -262,18 +261,19 @@ def _start_rollouts(run: PreparedRun) -> None:
 def _log_samples(
     log: RunLog, step: int, output: Any, count: int, g: int, index: list[int], problems: Problems
 ) -> None:
+    records = []
     for i in range(min(count, len(output.rollout.texts))):
         row = problems.rows[index[i // g]]
-        log.append(
-            SAMPLES,
+        records.append(
             {
                 "step": step,
                 "prompt": row["prompt"],  # text, or a conversation's turns
                 "answer": str(row.get("answer")),
                 "completion": output.rollout.texts[i],
                 "reward": output.rewards[i],
-            },
+            }
         )
+    log.samples(step, records)
 
 
 def _finish(

@@ -29,6 +29,11 @@ from gspo_cli.runs.marker import lineage
 
 MLFLOW_ID = "mlflow_run_id"  # in the run folder: the mlflow run a resume continues
 PARAM_CHARS = 500  # mlflow's limit on a param's value
+MLFLOW_HTTP = {  # a tracking server's deadlines (a user's own settings win)
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+}
 
 
 def _numbers(values: dict[str, Any]) -> dict[str, float]:
@@ -61,8 +66,17 @@ class Tracker:
     def log(self, values: dict[str, Any], step: int) -> None:
         self._safe(self._log, _numbers(values), step)
 
+    def samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        """A step's samples as a table (prompt, answer, completion, reward), as strings."""
+        table = [{k: v if isinstance(v, int | float) else str(v) for k, v in row.items()}
+                 for row in rows]  # fmt: skip
+        self._safe(self._samples, table, step)
+
     def close(self) -> None:
         self._safe(self._close)
+
+    def _samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        """Where the backend has tables; none by default."""
 
     def _safe(self, call: Any, *args: Any) -> None:
         if self.failed is not None:
@@ -96,6 +110,13 @@ class WandbTracker(Tracker):
     def _log(self, values: dict[str, float], step: int) -> None:
         self.run.log(values, step=step)
 
+    def _samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        import wandb
+
+        columns = list(rows[0])
+        table = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])
+        self.run.log({"samples": table}, step=step)
+
     def _close(self) -> None:
         self.run.finish()
 
@@ -118,6 +139,14 @@ class TensorboardTracker(Tracker):
             self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
+    def _samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        columns = list(rows[0])
+        lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+        for row in rows:
+            cells = (str(row.get(c, "")).replace("|", "\\|").replace("\n", " ") for c in columns)
+            lines.append("| " + " | ".join(cells) + " |")
+        self.writer.add_text("samples", "\n".join(lines), step)
+
     def _close(self) -> None:
         self.writer.close()
 
@@ -132,6 +161,9 @@ class MlflowTracker(Tracker):
         super().__init__(console)
         # the file store is mlflow's local default here (mlflow 3 wants an opt-in for it)
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        # a server that does not answer: a line within seconds, not mlflow's minutes of retries
+        for key, value in MLFLOW_HTTP.items():
+            os.environ.setdefault(key, value)
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient((run_dir / "mlruns").resolve().as_uri() if uri is None else uri)
@@ -158,6 +190,12 @@ class MlflowTracker(Tracker):
         for start in range(0, len(metrics), 1000):
             self.client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
 
+    def _samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        columns = {c: [r.get(c) for r in rows] for c in rows[0]}
+        self.client.log_table(
+            self.run_id, data=columns, artifact_file=f"samples/step_{step:06d}.json"
+        )
+
     def _close(self) -> None:
         self.client.set_terminated(self.run_id)
 
@@ -178,6 +216,11 @@ class TrackioTracker(Tracker):
 
     def _log(self, values: dict[str, float], step: int) -> None:
         self.trackio.log(values, step=step)
+
+    def _samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        import pandas as pd
+
+        self.trackio.log({"samples": self.trackio.Table(dataframe=pd.DataFrame(rows))}, step=step)
 
     def _close(self) -> None:
         self.trackio.finish()

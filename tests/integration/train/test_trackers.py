@@ -39,6 +39,10 @@ found = {
     "mlflow_param": client.get_run(run_id).data.params.get("rollout.group_size"),
     "trackio": [[r["step"], r["response_len_mean"]]
                 for r in SQLiteStorage.get_logs("gspo-cli", "trk") if "response_len_mean" in r],
+    "tensorboard_samples": "samples/text_summary" in board.Tags()["tensors"],
+    "mlflow_samples": [a.path for a in client.list_artifacts(run_id, "samples")],
+    "trackio_samples": [r["step"] for r in SQLiteStorage.get_logs("gspo-cli", "trk")
+                        if "samples" in r],
 }
 print(json.dumps(found))
 """
@@ -74,6 +78,9 @@ def test_each_backend_reads_back_what_a_run_and_its_resume_wrote(tmp_path: Path)
         assert values == pytest.approx([v for _, v in expected]), backend
     assert found["tensorboard_heldout"] == [0, 2, 3] and found["tensorboard_recipe"]
     assert found["mlflow_runs"] == 1 and found["mlflow_param"] == "4"  # one run, continued
+    # the steps' samples, as tables where the backend has them
+    assert found["tensorboard_samples"] and found["trackio_samples"]
+    assert "samples/step_000001.json" in found["mlflow_samples"], found["mlflow_samples"]
 
 
 def test_a_missing_package_is_one_line_naming_the_extra(tmp_path: Path) -> None:
@@ -87,3 +94,18 @@ def test_a_missing_package_is_one_line_naming_the_extra(tmp_path: Path) -> None:
     result = run_cli("validate", str(recipe), env={"PYTHONPATH": str(shim)})
     assert result.returncode == 2
     assert "trackio needs the trackio package: pip install 'gspo-cli[trackers]'" in result.stderr
+
+
+def test_an_unreachable_tracker_server_is_one_line_before_training(tmp_path: Path) -> None:
+    recipe = write_recipe(
+        tmp_path,
+        {
+            "model": {"path": "builtin:tiny-dense"},
+            "logging": {"backends": ["mlflow"], "mlflow_uri": "http://127.0.0.1:9"},
+        },
+    )
+    result = run_cli("train", str(recipe), "--out", str(tmp_path / "run"), timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: logging.backends: mlflow could not start"), line
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
