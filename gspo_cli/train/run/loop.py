@@ -262,17 +262,19 @@ def _log_samples(
     log: RunLog, step: int, output: Any, count: int, g: int, index: list[int], problems: Problems
 ) -> None:
     records = []
+    traces = output.rollout.tool_traces  # tool use: how many calls each response made
     for i in range(min(count, len(output.rollout.texts))):
         row = problems.rows[index[i // g]]
-        records.append(
-            {
-                "step": step,
-                "prompt": row["prompt"],  # text, or a conversation's turns
-                "answer": str(row.get("answer")),
-                "completion": output.rollout.texts[i],
-                "reward": output.rewards[i],
-            }
-        )
+        record = {
+            "step": step,
+            "prompt": row["prompt"],  # text, or a conversation's turns
+            "answer": str(row.get("answer")),
+            "completion": output.rollout.texts[i],
+            "reward": output.rewards[i],
+        }
+        if traces is not None:
+            record["tool_calls"] = traces[i].calls
+        records.append(record)
     log.samples(step, records)
 
 

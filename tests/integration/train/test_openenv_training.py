@@ -125,6 +125,8 @@ def test_an_openenv_environment_trains_beside_a_task_and_resumes_after_its_serve
     per_step = 2 * 4  # the environment's prompts per step x group size
     assert len(resets) >= 2 * per_step and len(set(resets)) > 1
     assert _servers() == []  # the server ended with the run
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(isinstance(r["tool_calls"], int) for r in samples)  # gspo watch shows
 
     (recipe.parent / "die").touch()
     more = ["--resume", "--set", "trainer.steps=3"]
