@@ -162,7 +162,7 @@ def main() -> None:
 
 def _report(results: dict[str, dict[int, Path]], names: list[str]) -> None:
     seeds = sorted(results["mixture"])
-    print("final held-out accuracy per environment (avg@4):")
+    print("final held-out accuracy per environment (avg@k, the recipe's eval.samples):")
     for name in names:
         alone = results.get(f"alone-{name}")
         for seed in seeds:
