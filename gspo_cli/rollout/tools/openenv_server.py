@@ -209,9 +209,15 @@ class OpenEnvServer:
             return False
         return True
 
-    def raise_if_gone(self) -> None:
-        """GspoError when a server started here has exited (with its last log line)."""
-        if self.process is None or self.process.poll() is None:
+    def raise_if_gone(self, wait_s: float = 0.0) -> None:
+        """GspoError when a server started here has exited (with its last log line); with
+        `wait_s`, a server whose connection just broke is given that long to finish exiting."""
+        if self.process is None:
+            return
+        if wait_s:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=wait_s)
+        if self.process.poll() is None:
             return
         last = next((line for line in reversed(self.log) if line.strip()), "no output")
         raise GspoError(

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 SERVER_ERROR = "Server error: "  # how openenv's client words an error the server answered
+GONE_WAIT_S = 3.0  # how long a server whose socket broke is given to finish exiting
 CAPACITY = "CAPACITY_REACHED"  # the server's code for "no session left" (max_concurrent_envs)
 OBSERVATION_BOOKKEEPING = ("done", "reward", "metadata")  # an observation's fields not shown
 
@@ -190,7 +191,8 @@ class OpenEnvToolbox:
     def _gone(self, exc: BaseException) -> GspoError:
         """The run's end when the server cannot be reached: why, in one line."""
         self._close_client()
-        self.server.raise_if_gone()  # a server started here that exited says how
+        # a server started here that exited says how (its exit can trail the broken socket)
+        self.server.raise_if_gone(wait_s=GONE_WAIT_S)
         return GspoError(
             f"{OPENENV}: {self.server.target}: the environment server is unreachable "
             f"({first_line(exc)}); the run folder resumes once it is back"

@@ -80,7 +80,9 @@ def test_resume_after_sigkill_gives_the_records_of_the_uninterrupted_run(  # typ
 ) -> None:
     """Two batches in flight at the kill (max_staleness 2; 1 holds a subset of that case)."""
     staleness = 2
-    recipe = _async_recipe(tiny_recipe, staleness)
+    # a checkpoint at every step: the kill comes at step 1, while the worker still has batches
+    # to make (at step 2 it could already have made all five and ended: nothing to kill)
+    recipe = _async_recipe(tiny_recipe, staleness, checkpoint_every=1)
     straight = tmp_path / "straight"
     result = run_cli("train", str(recipe), "--out", str(straight))
     assert result.returncode == 0, result.stderr[-2000:]

@@ -82,10 +82,8 @@ def test_a_branch_reproduces_its_parent_and_takes_allowed_changes(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--step", "1"], "has no checkpoint step_000001 (kept: step_000002, step_000004"),
         (["--set", "model.path=builtin:tiny-moe"], "--from: model.path differ from"),
         (["--resume"], "--from starts a new run"),
-        (["--from", "{tmp}"], "is neither a run folder nor a checkpoint"),
     ],
 )
 def test_what_cannot_branch_is_one_line(
@@ -120,9 +118,9 @@ def test_a_runs_checkpoints_evaluate_as_one_curve_and_resume(
     data = tmp_path / "problems.jsonl"
     rows = [{"id": f"p{i}", "question": f"Compute {i}+1.", "answer": str(i + 1)} for i in range(3)]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = tmp_path / "curve"
+    out = run / "eval" / "custom-curve"  # the default: the run folder's own
     args = ["eval", str(run), "--benchmark", "custom", "--data", str(data), "--samples", "2"]
-    args += ["--max-new-tokens", "8", "--out", str(out), "--steps", "all"]
+    args += ["--max-new-tokens", "8", "--steps", "all"]
     first = run_cli(*args)
     assert first.returncode == 0, first.stderr[-2000:]
     curve = json.loads((out / "curve.json").read_text())
@@ -136,11 +134,24 @@ def test_a_runs_checkpoints_evaluate_as_one_curve_and_resume(
     bad = run_cli(*args[:-1], "3")
     assert bad.returncode == 2 and "keeps no checkpoint at step 3 (kept: 2, 4)" in bad.stderr
     # gspo compare draws the curve beside the held-out curve when it is in the run folder
-    inside = ["eval", str(run), "--benchmark", "custom", "--data", str(data), "--samples", "2"]
-    made = run_cli(*inside, "--max-new-tokens", "8", "--steps", "2,4")
-    assert made.returncode == 0, made.stderr[-2000:]
     compared = run_cli("compare", str(run), "--out", str(tmp_path / "cmp"))
     assert compared.returncode == 0, compared.stderr[-2000:]
     summary = (tmp_path / "cmp" / "summary.md").read_text()
     assert "custom avg@2 first → last" in summary
     assert any("curve" in p.name for p in (tmp_path / "cmp").glob("*.png"))
+
+
+def test_sources_that_name_no_checkpoint_are_one_line(
+    parent: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from gspo_cli.core.errors import GspoError
+    from gspo_cli.train.run.branch import branch_source
+
+    _, run = parent
+    with pytest.raises(
+        GspoError, match=r"no checkpoint step_000001 \(kept: step_000002, step_000004"
+    ):
+        branch_source(run, 1)
+    with pytest.raises(GspoError, match="is neither a run folder nor a checkpoint"):
+        branch_source(tmp_path, None)
+    assert branch_source(run, None)[1].name == "step_000004"  # the latest
