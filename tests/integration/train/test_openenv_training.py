@@ -2,7 +2,8 @@
 openenv:module:app`, `data.chat_template: hermes` on the tiny ChatML model): gspo starts the
 server, every trajectory of the environment has its session, its metrics come under its name,
 and no server outlives the run. A server that dies mid-run stops the run in one line (exit 2),
-and `--resume` goes on from the last checkpoint once the server is healthy again."""
+and `--resume` goes on from the last checkpoint once the server is healthy again (two runs: the
+server's imports cost seconds in the trainer and in the server each)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ pytestmark = pytest.mark.slow
 
 MODULE = "gspo_test_openenv_run"
 SOURCE = '''
-"""Guess a number from 1 to 9; the server ends itself at a reset while the file DIE exists."""
+"""Guess a number from 1 to 9; the server ends itself at a reset once RESETS has as many lines
+as the file DIE says."""
 import os
 import pathlib
 import random
@@ -51,7 +53,8 @@ class Guess(Environment):
         self.secret = 0
 
     def reset(self, seed=None, episode_id=None):
-        if DIE.exists():
+        done = len(RESETS.read_text().split()) if RESETS.exists() else 0
+        if DIE.exists() and done >= int(DIE.read_text()):
             os._exit(3)
         with RESETS.open("a") as log:
             log.write(f"{{seed}}\\n")
@@ -110,34 +113,31 @@ def test_an_openenv_environment_trains_beside_a_task_and_resumes_after_its_serve
 ) -> None:
     env = {"PYTHONPATH": str(recipe.parent)}
     out = recipe.parent / "run"
-    first = run_cli("train", str(recipe), "--out", str(out), env=env)
-    assert first.returncode == 0, first.stderr[-3000:]
+    per_step = 2 * 4  # the environment's prompts per step x group size
+    held_out = 4  # its held-out prompts, one sample each, evaluated before step 1
+    (recipe.parent / "die").write_text(str(held_out + per_step))  # the server dies in step 2
+    died = run_cli("train", str(recipe), "--out", str(out), env=env)
+    assert died.returncode == 2, died.stderr[-3000:]
+    line = died.stderr.strip().splitlines()[-1]
+    assert "rollout.tools.openenv" in line and "exited with code 3" in line, died.stderr[-2000:]
+    assert "Traceback" not in died.stderr and _servers() == []
+    assert sorted(run_metrics(out)) == [1]
+    # each trajectory reset its own session with its row's seed: a group shares one game
+    resets = (recipe.parent / "resets").read_text().split()
+    assert len(resets) == held_out + per_step and len(set(resets[held_out:])) == 2, resets
+
+    (recipe.parent / "die").unlink()
+    resumed = run_cli("train", str(recipe), "--out", str(out), "--resume", env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
     metrics = run_metrics(out)
     assert sorted(metrics) == [1, 2]
     for step in metrics.values():
         assert step["env/guess/batch_share"] == 0.5
         assert "env/guess/reward/environment/mean" in step
         assert "env/guess/tool_calls_per_response" in step
-    held_out = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
-    assert all("env/guess/accuracy" in record for record in held_out)
-    # each trajectory reset its own session with its row's seed: a group shares one game
-    resets = (recipe.parent / "resets").read_text().split()
-    per_step = 2 * 4  # the environment's prompts per step x group size
-    assert len(resets) >= 2 * per_step and len(set(resets)) > 1
+    evaluated = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in evaluated] == [0, 2]
+    assert all("env/guess/accuracy" in record for record in evaluated)
     assert _servers() == []  # the server ended with the run
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert samples and all(isinstance(r["tool_calls"], int) for r in samples)  # gspo watch shows
-
-    (recipe.parent / "die").touch()
-    more = ["--resume", "--set", "trainer.steps=3"]
-    died = run_cli("train", str(recipe), "--out", str(out), *more, env=env)
-    assert died.returncode == 2, died.stderr[-3000:]
-    line = died.stderr.strip().splitlines()[-1]
-    assert "rollout.tools.openenv" in line and "exited with code 3" in line, died.stderr[-2000:]
-    assert "Traceback" not in died.stderr and _servers() == []
-
-    (recipe.parent / "die").unlink()
-    resumed = run_cli("train", str(recipe), "--out", str(out), *more, env=env)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert sorted(run_metrics(out)) == [1, 2, 3]
-    assert _servers() == []
