@@ -94,7 +94,7 @@ class ToolsConfig(Section):
         TOOL_DEFAULTS.timeout_s, gt=0, le=600, description="One call's deadline."
     )
     memory_mb: int = Field(
-        TOOL_DEFAULTS.memory_mb, ge=32, description="The interpreter's memory limit per call."
+        TOOL_DEFAULTS.memory_mb, ge=32, description="The interpreter session's memory limit."
     )
     output_max_bytes: int = Field(
         TOOL_DEFAULTS.output_max_bytes,

@@ -17,6 +17,7 @@ class ToolTrace:
     refused: int = 0  # calls past max_calls: answered "not run", counted in neither above
     seconds: float = 0.0  # wall time of its calls
     cut_outputs: int = 0  # results cut to output_max_tokens
+    session_restarts: int = 0  # calls that ended the interpreter's session (timeout, exit...)
     ended_by_budget: bool = False  # a result did not fit in max_new_tokens: the trajectory ended
     tool_tokens: int = 0  # environment tokens in the response
     environment_reward: float | None = None  # the environment's get_reward(), if it has one

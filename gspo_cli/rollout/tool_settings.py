@@ -25,6 +25,6 @@ class ToolSettings:
     output_max_tokens: int = 64  # a result's content is cut to this many tokens ...
     output_truncation: Side = "tail"  # ... keeping its head or its tail
     timeout_s: float = 5.0  # one call's deadline (the interpreter's sandbox, a user tool)
-    memory_mb: int = 512  # the interpreter's memory limit per call
+    memory_mb: int = 512  # the interpreter session's memory limit
     output_max_bytes: int = 64 * 1024  # the interpreter's stdout cap per call
     allow_weak_isolation: bool = False  # the interpreter may run under a weak sandbox mode

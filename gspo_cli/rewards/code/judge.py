@@ -19,7 +19,8 @@ from gspo_cli.data.testcases import TestCase, parse_tests
 from gspo_cli.rewards.code.compare import compare_json, compare_stdout
 from gspo_cli.rewards.code.extract import extract_code
 from gspo_cli.sandbox.isolation import WeakIsolationError, checked_mode
-from gspo_cli.sandbox.program import Limits, RunOutcome, run_program
+from gspo_cli.sandbox.launch import Limits
+from gspo_cli.sandbox.program import RunOutcome, run_program
 
 log = logging.getLogger(__name__)
 

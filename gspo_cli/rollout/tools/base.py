@@ -38,6 +38,7 @@ class ToolResult:
     error: bool  # the call failed: an exception, a non-zero exit, a timeout, a bad call
     seconds: float  # wall time of the call
     cut: bool = False  # the output was longer than output_max_tokens
+    restarted: bool = False  # the call ended the interpreter's session (a fresh one follows)
 
 
 class ToolFormat(Protocol):

@@ -1,12 +1,13 @@
 """The in-response Python interpreter: the model writes a ```python block, generation stops at
 its end, the code sandbox runs it, and an ```output block is appended as environment tokens.
 
-State between calls is kept by replay: each call runs the trajectory's earlier cells that ran
-without error first (their output discarded), then the new cell, in one fresh sandbox process.
-So variables, functions and imports of earlier cells are visible, every call gets the same
-isolation and limits as the code reward, and nothing outlives the call; the cost is the earlier
-cells' time, which counts toward the call's `timeout_s`. Like a notebook, a cell whose last
-statement is an expression prints its value.
+Each trajectory has one live sandboxed interpreter (sandbox/session.py), started at its first
+call and ended with the trajectory: what a cell made (variables, imports, files, random draws)
+is what the next cell sees, and a call costs the same whether it is the first or the eighth.
+Like a notebook, a cell whose last statement is an expression prints its value. A call past
+`timeout_s` or `output_max_bytes`, or one that ends the interpreter (os._exit, a signal, memory)
+ends the session: the model is told so in one line, `tool_session_restarts` counts it, and the
+next call starts a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from gspo_cli.rollout.tools.base import (
     special_strings,
 )
 from gspo_cli.sandbox.isolation import WeakIsolationError
-from gspo_cli.sandbox.program import Limits, run_program
+from gspo_cli.sandbox.launch import Limits
+from gspo_cli.sandbox.session import CellOutcome, SandboxSession
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -36,35 +38,7 @@ CODE_BLOCK = re.compile(r"```(?:python|py)\n(.*?)```", re.S)
 # at CODE_BLOCK whatever the engine does, so a stop elsewhere only splits a turn in two.
 STOP_STRINGS = ("```\n",)
 OUTPUT_BLOCK = "\n```output\n{output}\n```\n"
-
-# Runs in the sandbox: earlier cells silently, then the last one, echoing its last expression.
-_PROGRAM = """
-import ast as _ast, contextlib as _contextlib, io as _io, sys as _sys
-_cells = {cells!r}
-_ns = {{"__name__": "__main__"}}
-def _run(source, echo):
-    tree = _ast.parse(source)
-    last = tree.body.pop() if echo and tree.body and isinstance(tree.body[-1], _ast.Expr) else None
-    exec(compile(tree, "<cell>", "exec"), _ns)
-    if last is not None:
-        value = eval(compile(_ast.Expression(last.value), "<cell>", "eval"), _ns)
-        if value is not None:
-            print(repr(value))
-try:
-    with _contextlib.redirect_stdout(_io.StringIO()):
-        for _cell in _cells[:-1]:
-            _run(_cell, False)
-    _run(_cells[-1], True)
-except BaseException as _exc:
-    print(f"{{type(_exc).__name__}}: {{_exc}}")
-    _sys.stdout.flush()
-    _sys.exit(1)
-"""
-
-
-def replay_program(cells: list[str]) -> str:
-    """The program one call runs: `cells[:-1]` replayed without output, then `cells[-1]`."""
-    return _PROGRAM.format(cells=cells)
+RESTARTED = "the interpreter restarted; earlier variables are gone"
 
 
 class CodeBlockFormat:
@@ -88,16 +62,21 @@ class CodeBlockFormat:
 
 
 class PythonInterpreter:
-    """One trajectory's interpreter: its cells so far, run in the code sandbox."""
+    """One trajectory's interpreter: a live session in the code sandbox."""
 
     def __init__(self, settings: ToolSettings, tokenizer: PreTrainedTokenizerBase) -> None:
         self.settings = settings
         self.tokenizer = tokenizer
-        self.cells: list[str] = []  # cells that ran without error, replayed before each call
-        self.limits = Limits(
+        self.restarts = 0  # sessions a call ended (`tool_session_restarts`)
+        limits = Limits(
             time_limit_s=settings.timeout_s,
             memory_limit_mb=settings.memory_mb,
             output_limit_bytes=settings.output_max_bytes,
+        )
+        # CPU time for the whole session: every call may use its deadline
+        budget = settings.timeout_s * max(1, settings.max_calls)
+        self.session = SandboxSession(
+            limits, budget, allow_weak_isolation=settings.allow_weak_isolation
         )
 
     def run(self, calls: list[ToolCall]) -> list[ToolResult]:
@@ -112,40 +91,44 @@ class PythonInterpreter:
         return None  # an interpreter has no reward of its own
 
     def close(self) -> None:
-        """Nothing to free: each call's sandbox is gone with its call."""
+        """End the session (and whatever its cells started)."""
+        self.session.close()
 
     def run_code(self, code: str) -> ToolResult:
         start = time.perf_counter()
         try:
-            outcome = run_program(
-                replay_program([*self.cells, code]),
-                limits=self.limits,
-                allow_weak_isolation=self.settings.allow_weak_isolation,
-            )
+            outcome = self.session.run(code)
         except WeakIsolationError:
             raise  # the user's setup, not this call: stop with the one-line reason
         except Exception as exc:  # the sandbox failed (fork, pipes, cgroups): answer, go on
+            self.session.close()
             text = f"InternalError: the sandbox could not run the cell ({type(exc).__name__})"
             return ToolResult(text, True, time.perf_counter() - start)
-        seconds = time.perf_counter() - start
         text = outcome.stdout.decode("utf-8", errors="replace")
-        # the harness's status: "ok", or how the program ended (runtime_error, memory_limit...)
-        failed = (outcome.status or {}).get("status") != "ok"
-        if outcome.timed_out:
-            text += f"\nTimeoutError: the cell ran past {self.settings.timeout_s:g} s"
-        elif outcome.oom_killed:
-            text += f"\nMemoryError: the cell used more than {self.settings.memory_mb} MB"
-        elif outcome.output_limited:
-            text += f"\n[output past {self.settings.output_max_bytes} bytes dropped]"
-        elif failed and not text.strip():  # died before our handler could print
-            tail = outcome.stderr_tail.strip().splitlines()
-            text = tail[-1] if tail else f"exit status {outcome.returncode}"
-        if not failed:
-            self.cells.append(code)
+        if outcome.error is not None and outcome.ended is None:
+            text += ("\n" if text and not text.endswith("\n") else "") + outcome.error
+        if outcome.ended is not None:
+            self.restarts += 1
+            text += f"\n{self._ending(outcome)}; {RESTARTED}"
         shown, cut = cut_output(
             text.strip("\n"),
             self.tokenizer,
             self.settings.output_max_tokens,
             self.settings.output_truncation,
         )
-        return ToolResult(shown, failed, seconds, cut)
+        ended = outcome.ended is not None
+        failed = outcome.error is not None or ended
+        return ToolResult(shown, failed, outcome.elapsed_s, cut, restarted=ended)
+
+    def _ending(self, outcome: CellOutcome) -> str:
+        """Why the call ended the session, in the model's terms."""
+        s = self.settings
+        if outcome.ended == "timeout":
+            return f"TimeoutError: the cell ran past {s.timeout_s:g} s"
+        if outcome.ended == "memory":
+            return f"MemoryError: the interpreter used more than {s.memory_mb} MB"
+        if outcome.ended == "output":
+            return f"[output past {s.output_max_bytes} bytes dropped]"
+        code = outcome.exit_code
+        how = "?" if code is None else f"signal {-code}" if code < 0 else f"exit code {code}"
+        return f"ProcessExit: the cell ended the interpreter ({how})"

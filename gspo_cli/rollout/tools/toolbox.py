@@ -179,4 +179,6 @@ class FunctionToolbox:
 
     def close(self) -> None:
         self.worker.close()
-        self.interpreter = None
+        if self.interpreter is not None:
+            self.interpreter.close()
+            self.interpreter = None

@@ -185,6 +185,7 @@ class ToolUseEngine:
                 errors=t.trace.errors + sum(r.error for r in outcome) - refused,
                 seconds=t.trace.seconds + sum(r.seconds for r in outcome),
                 cut_outputs=t.trace.cut_outputs + sum(r.cut for r in outcome),
+                session_restarts=t.trace.session_restarts + sum(r.restarted for r in outcome),
             )
             if len(t.ids) + len(env_ids) >= max_new_tokens:  # no room left for the model
                 t.trace = replace(t.trace, ended_by_budget=True)

@@ -12,7 +12,8 @@ verdict never shares an interpreter with the program; there are two processes:
   and runs the program: stdio tests run it as __main__ (the judge compares its stdout); call
   and assert tests load it and serve calls from the checker (rpc.py), which runs the check with
   the real builtins on plain-data answers. Nothing the program prints or patches reaches the
-  verdict.
+  verdict. In the session mode (the interpreter tool) it is a live interpreter instead, running
+  the cells the caller sends (session.py), and the checker reports how it ended.
 """
 
 from __future__ import annotations
@@ -104,7 +105,9 @@ def drop_privileges(uid: int | None, parent: int | None, weak: bool) -> None:
 def preload(spec: dict[str, Any]) -> None:
     """Import the harness modules a run needs now, before any mount or uid change; kept out of
     main()'s locals, where the program could find them through its frames."""
-    if spec["mode"] != "stdio":
+    if spec["mode"] == "session":
+        __import__("session")
+    elif spec["mode"] != "stdio":
         __import__("rpc")
     if spec["weak"]:
         __import__("guard")
@@ -176,6 +179,7 @@ def program_process(spec: dict[str, Any], code: CodeType, fds: dict[str, int]) -
     for name in ("status", "check", "to_program_w", "from_program_r", "checker_alive"):
         if name in fds:  # first of all: the verdict's pipe and the check's expected values
             os.close(fds[name])
+    cells = __import__("session").take_stdin() if spec["mode"] == "session" else -1
     drop_privileges(spec["uid"], spec["harness_pid"], spec["weak"])
     if spec["guard"]:
         import guard  # loaded by main(), before the uid changed
@@ -192,6 +196,9 @@ def program_process(spec: dict[str, Any], code: CodeType, fds: dict[str, int]) -
     sys.stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
     if spec["mode"] == "stdio":
         os._exit(KIND_EXITS[run_main(code, spec["header"])])
+    if spec["mode"] == "session":
+        sys.modules["session"].serve(cells, spec["reply_fd"], spec["message_limit"], failure)
+        os._exit(0)
     serve_calls(spec, code, fds["to_program_r"], fds["from_program_w"])
     os._exit(0)
 
@@ -224,8 +231,9 @@ def serve_calls(spec: dict[str, Any], code: CodeType, read_fd: int, write_fd: in
 
 
 def check_program(spec: dict[str, Any], pid: int, fds: dict[str, int]) -> dict[str, Any]:
-    """The trusted side: the verdict of the program's process for this test."""
-    if spec["mode"] == "stdio":
+    """The trusted side: the verdict of the program's process for this test (a session's: how
+    its process ended)."""
+    if spec["mode"] in ("stdio", "session"):
         return exited(pid)
     import rpc
 
@@ -315,6 +323,9 @@ def main() -> None:
             os._exit(1)  # never back into the checker's code
     os.close(to_program_r)
     os.close(from_program_w)
+    if spec["mode"] == "session":  # the cells and answers are the program's alone
+        os.close(spec["reply_fd"])
+        os.close(0)
     drop_privileges(spec["checker_uid"], spec["parent_pid"], spec["weak"])
     report(status_fd, check_program(spec, pid, fds))
 

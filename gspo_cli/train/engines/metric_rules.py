@@ -21,6 +21,7 @@ SUMMED = frozenset(
         "tool_refused",
         "tool_time_s",
         "tool_outputs_cut",
+        "tool_session_restarts",
         "judge/parse_failures",
         "judge/errors",
         "judge/calls",

@@ -128,6 +128,7 @@ def form_metrics(scored: ScoredGroups) -> dict[str, float]:
 def tool_metrics(rollout: RolloutBatch) -> dict[str, float]:
     """Tool use (rollout.tools): calls, failed calls and calls refused past max_calls (counts
     and per response), the failed share, tool seconds, results cut to output_max_tokens,
+    interpreter sessions a call ended,
     trajectories a result did not fit in, tool tokens per response; {} without tools. Counts
     add up over ranks and the failed share is taken from them (train/engines/metric_rules.py)."""
     traces = rollout.tool_traces
@@ -142,6 +143,7 @@ def tool_metrics(rollout: RolloutBatch) -> dict[str, float]:
         "tool_errors_per_response": sum(t.errors for t in traces) / n,
         "tool_time_s": sum(t.seconds for t in traces),
         "tool_outputs_cut": float(sum(t.cut_outputs for t in traces)),
+        "tool_session_restarts": float(sum(t.session_restarts for t in traces)),
         "tool_budget_ended_frac": sum(t.ended_by_budget for t in traces) / n,
         "tool_tokens_per_response": sum(t.tool_tokens for t in traces) / n,
     }

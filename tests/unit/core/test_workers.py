@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gspo_cli.sandbox.isolation import available_modes
-from gspo_cli.sandbox.program import MARKER_PREFIX
+from gspo_cli.sandbox.launch import MARKER_PREFIX
 from tests.support.helpers import REPO, interruptible
 
 # The container stage of CI runs these too: process death signals in its PID namespace.

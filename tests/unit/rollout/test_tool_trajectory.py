@@ -27,8 +27,9 @@ def ids(text: str) -> list[int]:
 class ScriptedEngine:
     """A model that calls the interpreter twice, then answers; records what it was asked."""
 
-    def __init__(self) -> None:
+    def __init__(self, script: tuple[str, str, str] = (FIRST, SECOND, LAST)) -> None:
         self.asked: list[tuple[list[list[int]], SamplingParams, list[int] | None]] = []
+        self.script = script
 
     def generate(
         self,
@@ -41,7 +42,7 @@ class ScriptedEngine:
         batch = RolloutBatch([], [], [] if params.logprobs else None, [], [])
         for prompt in prompts:
             outputs = TOKENIZER.decode(prompt).count("```output")
-            answer = ids([FIRST, SECOND, LAST][min(outputs, 2)])[: params.max_new_tokens]
+            answer = ids(self.script[min(outputs, 2)])[: params.max_new_tokens]
             batch.prompt_ids.append(prompt)
             batch.completion_ids.append(answer)
             if batch.completion_logprobs is not None:
@@ -77,7 +78,7 @@ def test_a_trajectory_alternates_model_turns_and_interpreter_results() -> None:
     text = out.texts[0]
     assert text.startswith("Let me compute.\n```python\nx = 6*7\nprint(x)\n```\n```output\n42\n")
     assert "words the model wrote after" not in text  # sampled after the call: dropped
-    assert "```output\n43\n```" in text  # the second cell sees x from the first (replay)
+    assert "```output\n43\n```" in text  # the second cell sees x from the first (its session)
     assert text.endswith("So \\boxed{42}") and out.truncated == [False, False]
     assert out.from_tool is not None and out.tool_traces is not None
     tool_text = TOKENIZER.decode(
@@ -265,13 +266,29 @@ def test_output_max_tokens_bounds_what_is_appended_after_defusing() -> None:
     assert TOKENIZER.eos_token_id not in tokens
 
 
-def test_a_sandbox_failure_is_answered_and_the_cell_forgotten(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import gspo_cli.rollout.tools.interpreter as interpreter
+def test_a_sandbox_failure_is_answered_and_the_next_call_starts_afresh(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import gspo_cli.sandbox.session as session
 
     def broken(*_: object, **__: object) -> None:
         raise OSError("no more pipes")
 
-    monkeypatch.setattr(interpreter, "run_program", broken)
     box = PythonInterpreter(ToolSettings(), TOKENIZER)
-    result = box.run_code("x = 1")
-    assert result.error and result.text.startswith("InternalError") and box.cells == []
+    with monkeypatch.context() as patch:
+        patch.setattr(session, "start_run", broken)
+        result = box.run_code("x = 1")
+    assert result.error and result.text.startswith("InternalError") and not box.session.live
+    try:
+        assert box.run_code("x = 2\nx").text == "2"
+    finally:
+        box.close()
+
+
+def test_a_call_that_ends_its_interpreter_is_counted_and_the_next_runs_afresh() -> None:
+    script = ("```python\nimport os; os._exit(0)\n```", "```python\n1/0\n```", LAST)
+    out = tool_engine(ScriptedEngine(script), output_max_tokens=200).generate(
+        [PROMPT], SamplingParams(max_new_tokens=600, num_samples=2)
+    )
+    assert "(exit code 0); the interpreter restarted; earlier variables are gone" in out.texts[0]
+    assert "ZeroDivisionError: division by zero" in out.texts[0]  # never a silent success
+    assert out.tool_traces is not None
+    assert [(t.calls, t.errors, t.session_restarts) for t in out.tool_traces] == [(2, 2, 1)] * 2

@@ -20,7 +20,7 @@ import pytest
 from gspo_cli.rewards.code import judge_completions, judge_program
 from gspo_cli.sandbox import SandboxPool, run_program
 from gspo_cli.sandbox import isolation as iso
-from gspo_cli.sandbox.program import MARKER_PREFIX, Limits, run_prefix
+from gspo_cli.sandbox.launch import MARKER_PREFIX, Limits, run_prefix
 
 # The container stage of CI runs these too: the sandbox's isolation depends on where it runs.
 pytestmark = pytest.mark.container

@@ -19,7 +19,7 @@ from gspo_cli.rewards.code import judge_program
 from gspo_cli.sandbox import cleanup, ending, run_program
 from gspo_cli.sandbox import isolation as iso
 from gspo_cli.sandbox.cgroups import layout
-from gspo_cli.sandbox.program import MARKER_PREFIX, Limits, run_prefix
+from gspo_cli.sandbox.launch import MARKER_PREFIX, Limits, run_prefix
 
 # The container stage of CI runs these too: cgroups and rlimits differ inside a container.
 pytestmark = pytest.mark.container
