@@ -129,6 +129,10 @@ class PythonInterpreter:
             return f"MemoryError: the interpreter used more than {s.memory_mb} MB"
         if outcome.ended == "output":
             return f"[output past {s.output_max_bytes} bytes dropped]"
+        if outcome.ended == "protocol":
+            return "InternalError: the interpreter's answer could not be read"
+        if outcome.ended == "lost":
+            return "InternalError: the interpreter was lost (the thread that started it ended)"
         code = outcome.exit_code
         how = "?" if code is None else f"signal {-code}" if code < 0 else f"exit code {code}"
         return f"ProcessExit: the cell ended the interpreter ({how})"

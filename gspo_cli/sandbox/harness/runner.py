@@ -197,7 +197,7 @@ def program_process(spec: dict[str, Any], code: CodeType, fds: dict[str, int]) -
     if spec["mode"] == "stdio":
         os._exit(KIND_EXITS[run_main(code, spec["header"])])
     if spec["mode"] == "session":
-        sys.modules["session"].serve(cells, spec["reply_fd"], spec["message_limit"], failure)
+        sys.modules["session"].serve(cells, spec["reply_fd"], spec["cell_limit"], failure)
         os._exit(0)
     serve_calls(spec, code, fds["to_program_r"], fds["from_program_w"])
     os._exit(0)

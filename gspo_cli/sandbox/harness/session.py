@@ -1,11 +1,13 @@
 """The session mode's program side: one live interpreter that runs the cells it is sent, one at a
 time, in one namespace, as a notebook's kernel does.
 
-Cells arrive as tagged JSON strings (wire.py) on the descriptor that was the sandbox's stdin;
-the program's own stdin is then /dev/null, so `input()` cannot read the next cell. A cell's
-output goes straight to the sandbox's stdout and stderr (flushed at its end), and one answer
-follows on the reply descriptor: {"error": None} or {"error": "ZeroDivisionError: ...",
-"kind": KIND}. A cell whose last statement is an expression prints its value's repr.
+Cells arrive as tagged JSON {"n": N, "code": SOURCE} (wire.py) on the descriptor that was the
+sandbox's stdin; the program's own stdin is then /dev/null, so `input()` cannot read the next
+cell. A cell's output goes straight to the sandbox's stdout and stderr (flushed at its end),
+and one answer follows on the reply descriptor: {"n": N, "error": None} or {"n": N, "error":
+"ZeroDivisionError: ...", "kind": KIND}. A cell whose last statement is an expression prints its
+value's repr. A process a cell forks never reads a cell nor answers one: both descriptors are
+closed in it, and one that returns into this loop exits.
 
 Only the caller ends a session: it closes the cell pipe, or kills the sandbox at a deadline. A
 cell that ends the process (os._exit, a signal, the memory cgroup) ends the session without an
@@ -52,15 +54,27 @@ def serve(
 ) -> None:
     """Answer cells until the caller closes the pipe. `fail(exc)`: an escaping exception's
     (kind, message), its traceback on stderr."""
+    owner = os.getpid()
+
+    def forked() -> None:  # a cell's child: the session's pipes are not its own
+        for fd in (cell_fd, reply_fd):
+            try:  # noqa: SIM105 (contextlib: milliseconds at every start)
+                os.close(fd)
+            except OSError:
+                pass
+
+    os.register_at_fork(after_in_child=forked)
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     while (raw := receive(cell_fd, limit)) is not None:
-        answer: dict[str, Any] = {"error": None}
+        cell = decode(raw, lambda ref: None)
+        answer: dict[str, Any] = {"n": cell["n"], "error": None}
         try:
-            source = decode(raw, lambda ref: None)
-            run_cell(source if isinstance(source, str) else "", namespace)
+            run_cell(cell["code"], namespace)
         except BaseException as exc:  # SystemExit too: the session lives on
             kind, message = fail(exc)
-            answer = {"error": message, "kind": kind}
+            answer.update(error=message, kind=kind)
+        if os.getpid() != owner:  # a fork's child came back from the cell
+            os._exit(0)
         for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             try:  # noqa: SIM105 (contextlib: milliseconds at every start)
                 stream.flush()  # type: ignore[union-attr]

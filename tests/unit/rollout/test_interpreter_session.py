@@ -6,7 +6,8 @@ starts afresh; nothing outlives the session, even a SIGKILLed trainer."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from gspo_cli.models.tokenizer import build_char_tokenizer
 from gspo_cli.rollout.tools.base import ToolSettings
 from gspo_cli.rollout.tools.interpreter import RESTARTED, PythonInterpreter
-from gspo_cli.sandbox import available_modes
+from gspo_cli.sandbox import CellOutcome, Limits, SandboxSession, available_modes
 from tests.support.helpers import REPO, marked, survivors_of_sigkill, wait_gone
 
 TOKENIZER = build_char_tokenizer()
@@ -118,3 +119,71 @@ def test_the_weak_modes_keep_state_and_restart_alike(mode: str) -> None:
         assert "SandboxViolation" in box.run_code("open('/etc/hostname').read()").text
     finally:
         box.close()
+
+
+# --- a hostile or careless cell against the session's channels (sandbox/session.py) ---------
+
+# The session's descriptors, as a cell finds them: serve()'s locals, up its frames.
+FIND = (
+    "import os, sys\nf = sys._getframe()\nwhile 'reply_fd' not in f.f_locals:\n"
+    "    f = f.f_back\nR, C = f.f_locals['reply_fd'], f.f_locals['cell_fd']\n"
+)
+HUGE = "os.write(R, (1 << 40).to_bytes(8, 'little'))"
+
+
+def _session() -> SandboxSession:
+    return SandboxSession(Limits(time_limit_s=2, memory_limit_mb=256), cpu_budget_s=30)
+
+
+def _in_thread(call: Callable[[], CellOutcome]) -> CellOutcome:
+    """`call()` on a pool thread (as the rollout makes calls), bounded: a hang fails the test."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(call).result(timeout=120)
+
+
+def test_an_answer_the_harness_never_sends_ends_the_session() -> None:
+    session = _session()
+    try:
+        huge = _in_thread(lambda: session.run(FIND + HUGE))
+        assert huge.ended == "protocol" and not session.live
+        assert _in_thread(lambda: session.run("2 + 2")).stdout == b"4\n"
+    finally:
+        session.close()
+
+
+def test_a_cell_that_blocks_the_cell_pipe_cannot_hang_the_next_call() -> None:
+    session = _session()
+    block = (
+        "import fcntl\nfcntl.fcntl(C, 1031, 4096)\n"  # F_SETPIPE_SZ: the smallest pipe
+        'os.write(R, (35).to_bytes(8, \'little\') + b\'{"t": "dict", "v": [["n", 2]]}\')\n'
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(600,)).start()\n"
+        "time.sleep(600)"
+    )
+    try:
+        first = _in_thread(lambda: session.run(FIND + block))
+        assert first.ended == "timeout"  # its forged answer was for another cell
+        big = _in_thread(lambda: session.run("x = '" + "a" * 200_000 + "'\nlen(x)"))
+        assert big.stdout == b"200000\n"  # a fresh session took the long cell
+    finally:
+        session.close()
+
+
+def test_a_forked_child_never_answers_for_its_parent() -> None:
+    session = _session()
+    try:
+        session.run("import os, time\npid = os.fork()")  # the child stays in the cell
+        for cell, shown in [("time.sleep(0.2); print('A')", b"A\n"), ("print('B')", b"B\n")]:
+            assert session.run(cell).stdout == shown
+    finally:
+        session.close()
+
+
+def test_a_session_whose_thread_ended_is_reported_lost() -> None:
+    session = _session()
+    try:
+        assert _in_thread(lambda: session.run("x = 1")).error is None  # that thread then ends
+        lost = session.run("x")
+        assert lost.ended == "lost" and not session.live
+        assert "NameError" in (session.run("x").error or "")
+    finally:
+        session.close()
